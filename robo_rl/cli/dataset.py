@@ -1,0 +1,126 @@
+"""robo-rl dataset info|validate|repair|merge|filter|delete PATH ... [key=value ...]"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from omegaconf import DictConfig, OmegaConf
+
+from robo_rl.cli.app import quote_override_value, run_app
+from robo_rl.cli.tables import human_bytes, print_table
+from robo_rl.data.store import EpisodeStore
+from robo_rl.errors import ConfigError
+
+OPS = ("info", "validate", "repair", "merge", "filter", "delete")
+
+
+def main(argv: list[str]) -> int:
+    # Positional words become overrides: `info PATH` -> op=info paths=['PATH'].
+    positional = [a for a in argv if "=" not in a and not a.startswith("-")]
+    rest = [a for a in argv if a not in positional]
+    if positional and positional[0] in OPS:
+        rest.append(f"op={positional.pop(0)}")
+    elif positional and not any(a.startswith("op=") for a in rest):
+        print(f"error: unknown dataset op '{positional[0]}'; ops are {', '.join(OPS)}", file=sys.stderr)
+        return 2
+    if positional:
+        rest.append("paths=[" + ",".join(quote_override_value(p) for p in positional) + "]")
+    return run_app("dataset", "dataset", run, rest)
+
+
+def run(cfg: DictConfig) -> int:
+    op = cfg.op
+    paths = list(cfg.paths or [])
+    if op not in OPS:
+        raise ConfigError(f"op={op!r} unknown; ops are {', '.join(OPS)}")
+    if not paths:
+        raise ConfigError(f"dataset {op}: give the store path, e.g. robo-rl dataset {op} data/demos/transfer_cube")
+    if op in ("info", "validate", "repair", "filter", "delete") and len(paths) != 1:
+        raise ConfigError(f"dataset {op}: takes one store, got {len(paths)}: {paths}")
+    return {"info": info, "validate": validate, "repair": repair, "merge": merge, "filter": filter_, "delete": delete}[op](cfg, paths)
+
+
+def info(cfg: DictConfig, paths: list[str]) -> int:
+    with EpisodeStore.open(paths[0]) as store:
+        facts = store.info()
+    if cfg.json:
+        print(json.dumps(facts, indent=2, default=list))
+        return 0
+    succ = facts["success_rate"]
+    rows = [
+        ("episodes", facts["episodes"]),
+        ("steps", facts["steps"]),
+        ("duration", f"{facts['duration_s']:.1f} s"),
+        ("fps", f"{facts['fps']:g}"),
+        ("mean episode length", f"{facts['mean_length']:.1f} steps"),
+        ("success rate", "n/a" if succ is None else f"{succ:.1%} of {facts['labelled_success']} labelled"),
+        ("robot", facts["robot"]),
+        ("tasks", ", ".join(t or "(none)" for t in facts["tasks"]) or "-"),
+        ("cameras", ", ".join(facts["cameras"]) or "-"),
+        ("image codec", facts["image_codec"] or "-"),
+        ("size on disk", human_bytes(facts["bytes_on_disk"])),
+        ("schema version", facts["schema_version"]),
+    ]
+    print_table(f"{facts['location']}", ["", ""], rows)
+    total = max(1, facts["steps"])
+    print_table("steps per segment label", ["segment", "steps", "share"],
+                [(k, v, f"{v / total:.1%}") for k, v in facts["segments"].items()])
+    print_table("keys", ["key", "shape", "dtype"], [(k, str(s), d) for k, (s, d) in facts["keys"].items()])
+    return 0
+
+
+def validate(cfg: DictConfig, paths: list[str]) -> int:
+    with EpisodeStore.open(paths[0]) as store:
+        problems = store.validate()
+        n = store.n_episodes
+    if problems:
+        for p in problems:
+            print(f"problem: {p}")
+        print(f"{paths[0]}: {len(problems)} problem(s) in a store of {n} committed episodes")
+        return 1
+    print(f"{paths[0]}: ok, {n} committed episodes, every check passed")
+    return 0
+
+
+def repair(cfg: DictConfig, paths: list[str]) -> int:
+    with EpisodeStore.open(paths[0], mode="a") as store:
+        report = store.repair()
+    print(f"{paths[0]}: {report.summary()}")
+    return 0
+
+
+def _selection(cfg: DictConfig) -> dict:
+    seg = cfg.segment
+    if seg is not None and not isinstance(seg, str):
+        seg = list(OmegaConf.to_container(seg))
+    return {"task": cfg.task, "success": cfg.success, "segment": seg, "source": cfg.source}
+
+
+def filter_(cfg: DictConfig, paths: list[str]) -> int:
+    if not cfg.out:
+        raise ConfigError("dataset filter: give out=PATH for the filtered store")
+    with EpisodeStore.open(paths[0]) as store:
+        keep = store.select(**_selection(cfg))
+        with store.copy_episodes(cfg.out, keep, overwrite=cfg.overwrite) as dst:
+            print(f"{cfg.out}: {dst.n_episodes} of {store.n_episodes} episodes ({dst.n_steps} steps) match")
+    return 0
+
+
+def merge(cfg: DictConfig, paths: list[str]) -> int:
+    if not cfg.out:
+        raise ConfigError("dataset merge: give out=PATH for the merged store")
+    with EpisodeStore.merge(paths, cfg.out, overwrite=cfg.overwrite) as dst:
+        print(f"{cfg.out}: merged {len(paths)} stores into {dst.n_episodes} episodes, {dst.n_steps} steps")
+    return 0
+
+
+def delete(cfg: DictConfig, paths: list[str]) -> int:
+    if cfg.episodes is None:
+        raise ConfigError("dataset delete: give episodes=[i,j,...] to remove")
+    eps = [cfg.episodes] if isinstance(cfg.episodes, int) else list(cfg.episodes)
+    with EpisodeStore.open(paths[0], mode="a") as store:
+        before = store.n_episodes
+        left = store.delete(eps)
+    print(f"{paths[0]}: deleted {before - left} episode(s), {left} remain")
+    return 0

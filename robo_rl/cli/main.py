@@ -1,0 +1,48 @@
+"""`robo-rl <verb> key=value ...`: one console script, one module per verb under robo_rl/cli."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from robo_rl import __version__
+
+# verb -> (module, one-line summary). A verb appears here once it works end to end.
+VERBS: dict[str, tuple[str, str]] = {
+    "demo": ("robo_rl.cli.demo", "the main job: the newest end-to-end story (make demo)"),
+    "dataset": ("robo_rl.cli.dataset", "inspect, check, repair, merge, filter and delete episode stores"),
+}
+
+
+def usage() -> str:
+    width = max(map(len, VERBS))
+    lines = [
+        f"robo-rl {__version__}: record, train, fine-tune with RaC, and deploy policies on bimanual arms",
+        "",
+        "usage: robo-rl <verb> [args] [key=value ...]     (Hydra overrides)",
+        "       robo-rl <verb> --help                     (the verb's config and options)",
+        "",
+        "verbs:",
+    ]
+    lines += [f"  {v:<{width}}  {summary}" for v, (_, summary) in VERBS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0
+    if argv[0] == "--version":
+        print(__version__)
+        return 0
+    verb, rest = argv[0], argv[1:]
+    if verb not in VERBS:
+        print(f"error: unknown verb '{verb}'; verbs are: {', '.join(VERBS)} (robo-rl --help)", file=sys.stderr)
+        return 2
+    module = importlib.import_module(VERBS[verb][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+"""Results tables for the terminal (rich when it is there, plain text otherwise)."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+
+def human_bytes(n: int | None) -> str:
+    if n is None:
+        return "n/a (remote)"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
+        n /= 1024
+    return str(n)
+
+
+def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:  # pragma: no cover - rich is a dependency, this is belt and braces
+        print(title)
+        for r in rows:
+            print("  " + "  ".join(str(c) for c in r))
+        return
+    table = Table(title=title, show_header=any(header), title_justify="left")
+    for h in header:
+        table.add_column(h)
+    for r in rows:
+        table.add_row(*(str(c) for c in r))
+    Console(width=120).print(table)

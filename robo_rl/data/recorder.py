@@ -1,0 +1,383 @@
+"""Recorder: write episodes from a control loop without ever blocking it.
+
+The control loop's process only validates a step and copies it into a shared-memory ring (a few
+tens of microseconds). A separate writer process drains the ring, compresses camera frames and
+commits episodes to the EpisodeStore. A separate process rather than a thread because
+compression and zarr's Python-level work would otherwise hold the GIL for milliseconds at a time,
+and a 50 Hz loop would feel every one of them.
+
+Crash behaviour:
+- the control process dies (any signal): the writer finishes and commits every episode whose
+  `end_episode` was called, drops the one still open, and exits;
+- the writer dies: the store keeps every committed episode (see store.py); the next call in the
+  control process raises StoreError saying so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import numcodecs.blosc
+import numpy as np
+import zarr
+
+from robo_rl.data.schema import EpisodeMeta, Schema, Segment
+from robo_rl.data.store import DEFAULT_IMAGE_CODEC, EpisodeStore
+from robo_rl.errors import SchemaError, StoreError
+
+# Control words in the shared header.
+_PRODUCED, _CONSUMED, _COMMITTED, _FAILED = range(4)
+_HEADER = 8  # int64 slots
+
+
+@dataclass
+class RecorderStats:
+    steps: int
+    episodes_ended: int
+    episodes_committed: int
+    stalls: int  # times add_step waited because the ring was full (writer behind)
+    blocked_p50_ms: float
+    blocked_p99_ms: float
+    blocked_max_ms: float
+    end_p99_ms: float  # time end_episode kept the caller
+
+
+class _Ring:
+    """Fixed-size arrays in one memory-mapped file shared by both processes."""
+
+    def __init__(self, path: str, schema: Schema, slots: int, create: bool):
+        self.path = path
+        self.slots = slots
+        layout = [("header", (_HEADER,), "int64"), ("timestamp", (slots,), "float64"), ("segment", (slots,), "uint8")]
+        layout += [(k, (slots, *s.shape), s.dtype) for k, s in schema.keys.items()]
+        offsets, total = [], 0
+        for _, shape, dtype in layout:
+            total = -(-total // 64) * 64  # cache-line align each array
+            offsets.append(total)
+            total += int(np.prod(shape)) * np.dtype(dtype).itemsize
+        if create:
+            with open(path, "wb") as f:
+                f.truncate(total)
+        self._mm = np.memmap(path, dtype=np.uint8, mode="r+", shape=(total,))
+        if create:
+            self._mm[:] = 0  # touch every page now, not on the first lap of the control loop
+        self.arrays: dict[str, np.ndarray] = {}
+        for (name, shape, dtype), off in zip(layout, offsets):
+            n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+            self.arrays[name] = self._mm[off : off + n].view(dtype).reshape(shape)
+        self.header = self.arrays.pop("header")
+
+
+class _Inbox:
+    """JSON-line messages from the control process on stdin; EOF means it is gone."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.buf = b""
+        self.eof = False
+        self.messages: list[tuple] = []
+
+    def pump(self, timeout: float) -> None:
+        if self.eof:
+            return
+        ready, _, _ = select.select([self.fd], [], [], timeout)
+        while ready:
+            data = os.read(self.fd, 1 << 16)
+            if not data:
+                self.eof = True
+                break
+            self.buf += data
+            ready, _, _ = select.select([self.fd], [], [], 0)
+        *lines, self.buf = self.buf.split(b"\n")
+        for line in lines:
+            m = json.loads(line)
+            self.messages.append((m["kind"], m["at"], m["payload"]))
+
+
+def _writer_main(store_path: str, ring_path: str, slots: int) -> int:
+    """The writer process: drain the ring into the store, commit on 'end' messages."""
+    out = sys.stdout
+    # Leave the CPU to the control loop first; compress with one thread so a 2-core machine keeps
+    # a core for the loop.
+    os.nice(10)
+    numcodecs.blosc.set_nthreads(1)
+    zarr.config.set({"threading.max_workers": 1})
+    try:
+        store = EpisodeStore.open(store_path, mode="a")
+    except Exception as e:
+        print(f"error: {type(e).__name__}: {e}", file=out, flush=True)
+        return 1
+    ring = _Ring(ring_path, store.schema, slots, create=False)
+    header = ring.header
+    print("ready", file=out, flush=True)
+    inbox = _Inbox(sys.stdin.fileno())
+    messages = inbox.messages
+    writer = None
+    keys = list(store.schema.keys)
+    try:
+        while True:
+            # Read the step count BEFORE the messages: every message is sent before the steps
+            # that follow it, so all messages that precede these steps are now in the pipe.
+            produced = int(header[_PRODUCED])
+            idle = not messages and header[_CONSUMED] == produced
+            inbox.pump(0.002 if idle else 0.0)
+            consumed = int(header[_CONSUMED])
+            # Messages carry the step count at which they were sent: handle them in that order.
+            while messages and messages[0][1] <= consumed:
+                kind, _, payload = messages.pop(0)
+                if kind == "start":
+                    writer = store.begin_episode(EpisodeMeta.from_json(payload))
+                elif kind == "end":
+                    if writer is not None:
+                        success, updates = payload
+                        writer.commit(success=success, **updates)
+                        header[_COMMITTED] += 1
+                    writer = None
+                elif kind == "discard":
+                    if writer is not None:
+                        writer.discard()
+                    writer = None
+                elif kind == "close":
+                    return 0
+            limit = min(produced, messages[0][1]) if messages else produced
+            while consumed < limit:
+                slot = consumed % slots
+                step = {k: ring.arrays[k][slot].copy() for k in keys}
+                ts = float(ring.arrays["timestamp"][slot])
+                seg = int(ring.arrays["segment"][slot])
+                consumed += 1
+                header[_CONSUMED] = consumed  # the slot is free as soon as it is copied
+                if writer is not None:
+                    writer.add(step, ts, seg, checked=True)
+            if inbox.eof and not messages and consumed == int(header[_PRODUCED]):
+                # The control process is gone and everything it sent is handled. An episode it
+                # never ended is not committed.
+                if writer is not None:
+                    writer.discard()
+                Path(ring_path).unlink(missing_ok=True)
+                return 0
+    except Exception as e:
+        header[_FAILED] = 1
+        print(f"error: {type(e).__name__}: {e}", file=out, flush=True)
+        return 1
+    finally:
+        store.close()
+
+
+class Recorder:
+    """Record episodes into an EpisodeStore from a control loop.
+
+        rec = Recorder("data/demos/x", schema)        # creates the store if it does not exist
+        rec.start_episode(EpisodeMeta(task="transfer_cube", source="teleop"))
+        rec.add_step({"obs/qpos": q, "action": a, "obs/images/top": img}, timestamp=t, segment="teleop")
+        rec.end_episode(success=True)                 # returns at once; commit happens behind
+        rec.close()                                   # waits for the writer to finish
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        schema: Schema | None = None,
+        ring_seconds: float = 4.0,
+        image_codec: str = DEFAULT_IMAGE_CODEC,
+        overwrite: bool = False,
+        start_timeout: float = 60.0,
+    ):
+        path = str(path)
+        if schema is not None and (overwrite or not (Path(path) / "zarr.json").exists()):
+            EpisodeStore.create(path, schema, overwrite=overwrite, image_codec=image_codec).close()
+        with EpisodeStore.open(path, mode="r") as probe:
+            self.schema = probe.schema
+            self._first_episode = probe.n_episodes
+        if schema is not None and schema.to_json() != self.schema.to_json():
+            raise SchemaError(f"{path}: existing store has schema {self.schema.to_json()['keys']}, not the one given")
+        self.path = path
+        self._slots = max(8, int(ring_seconds * self.schema.fps))
+        shm_dir = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        fd, ring_path = tempfile.mkstemp(prefix="robo_rl_ring_", dir=shm_dir)
+        os.close(fd)
+        self._ring = _Ring(ring_path, self.schema, self._slots, create=True)
+        # A plain subprocess, not multiprocessing: nothing of the caller's __main__ is re-imported
+        # and nothing (torch threads, camera handles) is forked.
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "robo_rl.data.recorder", path, ring_path, str(self._slots)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            bufsize=0,
+        )
+        ready, _, _ = select.select([self._proc.stdout], [], [], start_timeout)
+        first = self._proc.stdout.readline().decode().strip() if ready else ""
+        if first != "ready":
+            self._proc.kill()
+            self._proc.wait(5)
+            self._cleanup_ring()
+            why = first or f"no answer within {start_timeout:.0f} s"
+            raise StoreError(f"{path}: recorder could not start its writer: {why}")
+        self._header = self._ring.header
+        self._produced = 0
+        self._open = False
+        self._ended = 0
+        self._last_ts: float | None = None
+        self._blocked: list[float] = []
+        self._end_times: list[float] = []
+        self._stalls = 0
+        self._closed = False
+
+    # ------------------------------------------------------------------ control loop side
+    def start_episode(self, meta: EpisodeMeta | None = None) -> None:
+        self._check_alive()
+        if self._open:
+            raise StoreError(f"{self.path}: an episode is already open; end_episode() or discard_episode() first")
+        self._send("start", (meta or EpisodeMeta()).to_json())
+        self._open = True
+        self._last_ts = None
+        self._step_in_episode = 0
+
+    def add_step(self, step: Mapping[str, Any], timestamp: float, segment: Segment | int | str = Segment.TELEOP) -> None:
+        """Validate and hand over one step. Raises SchemaError for bad input; nothing is written then."""
+        t0 = time.perf_counter()
+        if not self._open:
+            raise StoreError(f"{self.path}: add_step before start_episode")
+        where = f"{self.path}: episode {self._first_episode + self._ended} step {self._step_in_episode}"
+        values = self.schema.check_step(step, where)
+        ts = float(timestamp)
+        if not np.isfinite(ts):
+            raise SchemaError(f"{where}: timestamp is {ts}, expected a finite time in seconds")
+        if self._last_ts is not None and ts < self._last_ts:
+            raise SchemaError(f"{where}: timestamp {ts:.6f} goes backwards (previous step {self._last_ts:.6f})")
+        seg = int(Segment.parse(segment))
+        header = self._header
+        if header[_FAILED]:
+            self._check_alive()
+        if self._produced - header[_CONSUMED] >= self._slots:
+            self._stalls += 1
+            while self._produced - header[_CONSUMED] >= self._slots:
+                self._check_alive()
+                time.sleep(0.0002)
+        slot = self._produced % self._slots
+        arrays = self._ring.arrays
+        for k, v in values.items():
+            arrays[k][slot] = v
+        arrays["timestamp"][slot] = ts
+        arrays["segment"][slot] = seg
+        self._produced += 1
+        header[_PRODUCED] = self._produced  # publish after the data is in place
+        self._last_ts = ts
+        self._step_in_episode += 1
+        self._blocked.append(time.perf_counter() - t0)
+
+    def end_episode(self, success: bool | None = None, **meta_updates: Any) -> int:
+        """Close the open episode; it is committed in the background. Returns its episode index."""
+        t0 = time.perf_counter()
+        self._check_alive()
+        if not self._open:
+            raise StoreError(f"{self.path}: end_episode without an open episode")
+        if self._step_in_episode == 0:
+            raise SchemaError(f"{self.path}: cannot end an empty episode; discard_episode() instead")
+        json.dumps(meta_updates)  # refuse what cannot be stored before the writer sees it
+        self._send("end", (success, meta_updates))
+        self._open = False
+        index = self._first_episode + self._ended
+        self._ended += 1
+        self._end_times.append(time.perf_counter() - t0)
+        return index
+
+    def discard_episode(self) -> None:
+        if self._open:
+            self._send("discard", None)
+            self._open = False
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every ended episode is committed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._header[_COMMITTED] < self._ended:
+            self._check_alive()
+            if deadline is not None and time.monotonic() > deadline:
+                raise StoreError(f"{self.path}: writer still committing after {timeout} s")
+            time.sleep(0.005)
+
+    def close(self) -> None:
+        """Drop an unfinished episode, wait for commits, stop the writer."""
+        if self._closed:
+            return
+        try:
+            if self._proc.poll() is None:
+                self.discard_episode()
+                self.flush()
+                self._send("close", None)
+        finally:
+            self._closed = True
+            try:
+                self._proc.stdin.close()
+                self._proc.wait(60)
+                self._check_error(raise_it=True)
+            finally:
+                self._proc.stdout.close()
+                self._cleanup_ring()
+
+    def __enter__(self) -> "Recorder":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    @property
+    def committed(self) -> int:
+        return int(self._header[_COMMITTED])
+
+    def stats(self) -> RecorderStats:
+        b = np.array(self._blocked or [0.0]) * 1e3
+        e = np.array(self._end_times or [0.0]) * 1e3
+        return RecorderStats(
+            steps=self._produced,
+            episodes_ended=self._ended,
+            episodes_committed=self.committed,
+            stalls=self._stalls,
+            blocked_p50_ms=float(np.percentile(b, 50)),
+            blocked_p99_ms=float(np.percentile(b, 99)),
+            blocked_max_ms=float(b.max()),
+            end_p99_ms=float(np.percentile(e, 99)),
+        )
+
+    # ------------------------------------------------------------------ internals
+    def _send(self, kind: str, payload: Any) -> None:
+        line = json.dumps({"kind": kind, "at": self._produced, "payload": payload}) + "\n"
+        try:
+            self._proc.stdin.write(line.encode())
+        except BrokenPipeError:
+            self._check_alive()
+            raise
+
+    def _check_error(self, raise_it: bool) -> None:
+        if not self._header[_FAILED] and self._proc.poll() in (None, 0):
+            return
+        ready, _, _ = select.select([self._proc.stdout], [], [], 0.5)
+        msg = self._proc.stdout.readline().decode().strip() if ready else ""
+        if msg and raise_it:
+            raise StoreError(f"{self.path}: recorder writer failed: {msg.removeprefix('error: ')}")
+
+    def _check_alive(self) -> None:
+        if self._closed:
+            raise StoreError(f"{self.path}: recorder is closed")
+        self._check_error(raise_it=True)
+        if self._proc.poll() is not None:
+            raise StoreError(
+                f"{self.path}: recorder writer process died (exit code {self._proc.returncode}); "
+                f"committed episodes are safe, the open one is lost"
+            )
+
+    def _cleanup_ring(self) -> None:
+        Path(self._ring.path).unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    sys.exit(_writer_main(sys.argv[1], sys.argv[2], int(sys.argv[3])))

@@ -1,0 +1,268 @@
+"""Training windows: To past observations and H future actions around a step t.
+
+    obs      o[t-To+1 .. t]     repeated first frame of the episode where t-To+1 < start (obs_is_pad)
+    action   a[t .. t+H-1]      repeated last action of the episode where t+H-1 >= end (action_is_pad)
+
+Every step of every selected episode is one window. The selected episodes are read into memory
+once (camera frames decoded), so drawing a batch is a handful of vectorised gathers rather than
+per-sample slicing; low-dimensional data can live on the GPU with indices drawn there too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from robo_rl.data.schema import SEGMENT_KEY, Segment
+from robo_rl.data.store import EpisodeStore
+from robo_rl.errors import ConfigError
+
+# Default weights per segment label; RaC and its baselines replace this table.
+DEFAULT_SEGMENT_WEIGHTS = {s.name: 1.0 for s in Segment}
+
+
+def split_episodes(n_episodes: int, val_ratio: float = 0.1, seed: int = 0) -> tuple[list[int], list[int]]:
+    """Split episode indices into train and validation sets (at least one of each when possible)."""
+    if not 0.0 <= val_ratio < 1.0:
+        raise ConfigError(f"val_ratio must be in [0, 1), got {val_ratio}")
+    order = np.random.default_rng(seed).permutation(n_episodes)
+    n_val = int(round(val_ratio * n_episodes))
+    if val_ratio > 0 and n_episodes >= 2:
+        n_val = min(max(n_val, 1), n_episodes - 1)
+    return sorted(order[n_val:].tolist()), sorted(order[:n_val].tolist())
+
+
+def segment_weight_table(weights: Mapping[str | Segment, float] | None) -> np.ndarray:
+    """A lookup array weight[segment_label] from a {label: weight} mapping; unnamed labels weigh 1."""
+    table = np.ones(len(Segment), dtype=np.float32)
+    for name, w in (weights or {}).items():
+        if w < 0:
+            raise ConfigError(f"segment weight for {name} is {w}; weights must be >= 0")
+        table[int(Segment.parse(name))] = float(w)
+    return table
+
+
+@dataclass
+class WindowSpec:
+    obs_keys: Sequence[str]
+    action_key: str = "action"
+    n_obs: int = 2  # To
+    horizon: int = 16  # H
+
+
+class WindowSampler:
+    """Vectorised window sampling over selected episodes of a store."""
+
+    def __init__(
+        self,
+        store: EpisodeStore,
+        obs_keys: Sequence[str],
+        action_key: str = "action",
+        n_obs: int = 2,
+        horizon: int = 16,
+        episodes: Sequence[int] | None = None,
+        segment_weights: Mapping[str | Segment, float] | None = None,
+        device: str | None = None,
+        max_memory_gb: float | None = None,
+    ):
+        if n_obs < 1 or horizon < 1:
+            raise ConfigError(f"n_obs and horizon must be >= 1, got n_obs={n_obs}, horizon={horizon}")
+        for k in [*obs_keys, action_key]:
+            if k not in store.schema.keys:
+                raise ConfigError(f"{store.location}: no key '{k}' to sample; keys are {list(store.schema.keys)}")
+        self.spec = WindowSpec(list(obs_keys), action_key, n_obs, horizon)
+        self.episodes = list(range(store.n_episodes) if episodes is None else episodes)
+        if not self.episodes:
+            raise ConfigError(f"{store.location}: no episodes to sample from")
+        ranges = [store.episode_range(i) for i in self.episodes]
+        lengths = np.array([e - s for s, e in ranges], dtype=np.int64)
+        needed = sum(store.schema.keys[k].nbytes for k in {*obs_keys, action_key}) * int(lengths.sum())
+        budget = (max_memory_gb or _available_memory_gb() * 0.7) * 2**30
+        if needed > budget:
+            raise ConfigError(
+                f"{store.location}: the selected keys take {needed / 2**30:.1f} GiB in memory, over the "
+                f"{budget / 2**30:.1f} GiB budget; select fewer episodes or keys, or raise max_memory_gb"
+            )
+        # One contiguous array per key holding just the selected episodes.
+        self.data: dict[str, Any] = {}
+        for key in {*obs_keys, action_key, SEGMENT_KEY}:
+            parts = _read_ranges(store, key, ranges)
+            self.data[key] = parts
+        ends = np.cumsum(lengths)
+        starts = ends - lengths
+        n = int(ends[-1])
+        episode_of_step = np.repeat(np.arange(len(ranges)), lengths)
+        self.t = np.arange(n, dtype=np.int64)
+        self.start = starts[episode_of_step]
+        self.end = ends[episode_of_step]
+        self.episode_id = np.asarray(self.episodes, dtype=np.int64)[episode_of_step]
+        self.weights = segment_weight_table(segment_weights)[self.data[SEGMENT_KEY]]
+        self.device = device
+        self._obs_offsets = np.arange(-n_obs + 1, 1, dtype=np.int64)
+        self._act_offsets = np.arange(horizon, dtype=np.int64)
+        if device is not None:
+            self._to_device(device)
+
+    def __len__(self) -> int:
+        return len(self.t)
+
+    # ------------------------------------------------------------------ numpy path
+    def get(self, idx: Any) -> dict[str, Any]:
+        """The windows at step indices `idx` (1-D), as a dict of batched arrays (or tensors on `device`)."""
+        if self.device is not None:
+            return self._get_torch(idx)
+        idx = np.asarray(idx, dtype=np.int64)
+        t = self.t[idx]
+        start = self.start[idx][:, None]
+        end = self.end[idx][:, None]
+        obs_raw = t[:, None] + self._obs_offsets
+        act_raw = t[:, None] + self._act_offsets
+        obs_idx = np.maximum(obs_raw, start)
+        act_idx = np.minimum(act_raw, end - 1)
+        batch = {k: self.data[k][obs_idx] for k in self.spec.obs_keys}
+        batch[self.spec.action_key] = self.data[self.spec.action_key][act_idx]
+        batch["obs_is_pad"] = obs_raw < start
+        batch["action_is_pad"] = act_raw >= end
+        batch["weight"] = self.weights[idx]
+        batch["segment"] = self.data[SEGMENT_KEY][idx]
+        batch["episode"] = self.episode_id[idx]
+        batch["index"] = idx
+        return batch
+
+    def sample(self, batch_size: int, rng: np.random.Generator | Any | None = None, weighted: bool = False) -> dict[str, Any]:
+        """A random batch. weighted=True draws windows in proportion to their segment weights."""
+        if self.device is not None:
+            return self._sample_torch(batch_size, rng, weighted)
+        rng = rng if rng is not None else np.random.default_rng()
+        if weighted:
+            p = self.weights / self.weights.sum()
+            idx = rng.choice(len(self), size=batch_size, p=p)
+        else:
+            idx = rng.integers(0, len(self), size=batch_size)
+        return self.get(idx)
+
+    # ------------------------------------------------------------------ torch path (device-resident)
+    def _to_device(self, device: str) -> None:
+        import torch
+
+        self._torch = torch
+        dev = torch.device(device)
+        as_t = lambda a: torch.as_tensor(np.ascontiguousarray(a), device=dev)  # noqa: E731
+        self._dt = {k: as_t(v) for k, v in self.data.items()}
+        self._t_t, self._start_t, self._end_t = as_t(self.t), as_t(self.start), as_t(self.end)
+        self._episode_t, self._weights_t = as_t(self.episode_id), as_t(self.weights)
+        self._obs_off_t, self._act_off_t = as_t(self._obs_offsets), as_t(self._act_offsets)
+        self._dev = dev
+
+    def _get_torch(self, idx: Any) -> dict[str, Any]:
+        torch = self._torch
+        idx = torch.as_tensor(idx, device=self._dev, dtype=torch.long)
+        t = self._t_t[idx]
+        start = self._start_t[idx][:, None]
+        end = self._end_t[idx][:, None]
+        obs_raw = t[:, None] + self._obs_off_t
+        act_raw = t[:, None] + self._act_off_t
+        obs_idx = torch.maximum(obs_raw, start)
+        act_idx = torch.minimum(act_raw, end - 1)
+        batch = {k: self._dt[k][obs_idx] for k in self.spec.obs_keys}
+        batch[self.spec.action_key] = self._dt[self.spec.action_key][act_idx]
+        batch["obs_is_pad"] = obs_raw < start
+        batch["action_is_pad"] = act_raw >= end
+        batch["weight"] = self._weights_t[idx]
+        batch["segment"] = self._dt[SEGMENT_KEY][idx]
+        batch["episode"] = self._episode_t[idx]
+        batch["index"] = idx
+        return batch
+
+    def _sample_torch(self, batch_size: int, generator: Any, weighted: bool) -> dict[str, Any]:
+        torch = self._torch
+        if weighted:
+            idx = torch.multinomial(self._weights_t, batch_size, replacement=True, generator=generator)
+        else:
+            idx = torch.randint(0, len(self), (batch_size,), device=self._dev, generator=generator)
+        return self._get_torch(idx)
+
+
+def _read_ranges(store: EpisodeStore, key: str, ranges: list[tuple[int, int]]) -> np.ndarray:
+    """Concatenate rows of the given [start, end) ranges, merging touching ranges into one read."""
+    merged: list[list[int]] = []
+    for s, e in ranges:
+        if merged and merged[-1][1] == s:
+            merged[-1][1] = e
+        else:
+            merged.append([s, e])
+    parts = [store.read(key, s, e) for s, e in merged]
+    return np.concatenate(parts) if len(parts) > 1 else parts[0]
+
+
+def _available_memory_gb() -> float:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return 8.0
+
+
+# ---------------------------------------------------------------------- torch Dataset
+def window_dataset(sampler: WindowSampler):
+    """A torch Dataset over a (CPU) sampler; see `window_loader` for a DataLoader around it."""
+    import torch
+    from torch.utils.data import Dataset
+
+    class WindowDataset(Dataset):
+        def __init__(self, s: WindowSampler):
+            if s.device is not None:
+                raise ConfigError("window_dataset: use a CPU sampler (device=None) with DataLoader workers")
+            self.sampler = s
+
+        def __len__(self) -> int:
+            return len(self.sampler)
+
+        def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+            return {k: torch.from_numpy(v[0]) for k, v in self.sampler.get([i]).items()}
+
+        def __getitems__(self, indices: list[int]) -> dict[str, torch.Tensor]:
+            # DataLoader hands a whole batch of indices here: one vectorised gather per key.
+            return {k: torch.from_numpy(v) for k, v in self.sampler.get(indices).items()}
+
+    return WindowDataset(sampler)
+
+
+def collate_batch(batch: Any) -> Any:
+    """Collate for `window_dataset`: `__getitems__` already returns a batched dict."""
+    return batch
+
+
+def window_loader(
+    sampler: WindowSampler,
+    batch_size: int = 64,
+    num_workers: int = 0,
+    weighted: bool = False,
+    seed: int = 0,
+    num_batches: int | None = None,
+    pin_memory: bool = False,
+):
+    """An infinite-style DataLoader of random windows (uniform, or by segment weight)."""
+    import torch
+    from torch.utils.data import BatchSampler, DataLoader, RandomSampler, WeightedRandomSampler
+
+    ds = window_dataset(sampler)
+    g = torch.Generator().manual_seed(seed)
+    n = (num_batches or max(1, len(ds) // batch_size)) * batch_size
+    if weighted:
+        base = WeightedRandomSampler(torch.as_tensor(sampler.weights, dtype=torch.double), n, replacement=True, generator=g)
+    else:
+        base = RandomSampler(ds, replacement=True, num_samples=n, generator=g)
+    return DataLoader(
+        ds,
+        batch_sampler=BatchSampler(base, batch_size, drop_last=True),
+        num_workers=num_workers,
+        collate_fn=collate_batch,
+        pin_memory=pin_memory,
+        persistent_workers=num_workers > 0,
+    )

@@ -1,0 +1,720 @@
+"""EpisodeStore: an append-only, crash-safe zarr v3 store of episodes.
+
+Layout (one zarr group):
+
+    zarr.json               root attributes: {"robo_rl": schema (version, fps, robot, cameras, keys)}
+    data/<key>              one array per key, all episodes concatenated along time
+    data/timestamp          float64 seconds per step
+    data/segment            uint8 Segment label per step
+    meta/episode_info       one JSON string per episode (EpisodeMeta)
+    meta/episode_ends       int64 end index per episode -- written last: the commit point
+    meta/stats              attributes: normalisation statistics and the step count they cover
+
+Why a crash never loses committed data:
+- zarr's LocalStore replaces every file atomically (write to a temp file, then rename), so any
+  chunk, shard or metadata file is either its old or its new version, never half of each;
+- a commit writes every data array first, then the episode's info, then its end. Until the end
+  is in `meta/episode_ends`, readers ignore the new rows; rows past the last end are a crashed,
+  uncommitted episode, dropped by the next writer or by `repair()`;
+- rewriting a shard that also holds committed rows is a read-modify-write of the whole file, so
+  those rows come back bit for bit in the new version.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import shutil
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+import zarr
+from zarr.codecs import BloscCodec
+
+from robo_rl.data.schema import (
+    SEGMENT_KEY,
+    TIMESTAMP_KEY,
+    EpisodeMeta,
+    Schema,
+    Segment,
+)
+from robo_rl.errors import SchemaError, StoreError
+
+log = logging.getLogger(__name__)
+
+LOCK_FILE = ".writer.lock"
+TEMP_SUFFIX = ".partial"  # zarr's LocalStore names its in-flight writes *.<hex>.partial
+
+# Codecs for camera frames, chosen by bench/codecs.py (see README "Choice of image codec").
+IMAGE_CODECS = {
+    "blosc-lz4": lambda: BloscCodec(cname="lz4", clevel=5, shuffle="bitshuffle", typesize=1),
+    "blosc-lz4-noshuffle": lambda: BloscCodec(cname="lz4", clevel=5, shuffle="noshuffle", typesize=1),
+    "blosc-zstd": lambda: BloscCodec(cname="zstd", clevel=3, shuffle="bitshuffle", typesize=1),
+}
+DEFAULT_IMAGE_CODEC = "blosc-lz4"
+LOWDIM_CHUNK = 1024  # steps per chunk for low-dimensional keys
+LOWDIM_SHARD = 16384  # steps per shard file (~5.5 min at 50 Hz)
+IMAGE_SHARD = 128  # frames per shard file; one chunk per frame so random frame reads stay cheap
+
+
+def _is_remote(path: str) -> bool:
+    return "://" in str(path) and not str(path).startswith("file://")
+
+
+def _local_path(path: str | os.PathLike) -> Path:
+    p = str(path)
+    return Path(p[len("file://"):] if p.startswith("file://") else p)
+
+
+@dataclass
+class RepairReport:
+    """What `repair()` found and did."""
+
+    episodes: int
+    dropped_steps: int = 0
+    dropped_info_rows: int = 0
+    dropped_end_rows: int = 0
+    removed_temp_files: list[str] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.dropped_steps or self.dropped_info_rows or self.dropped_end_rows or self.removed_temp_files)
+
+    def summary(self) -> str:
+        if not self.changed:
+            return f"store is clean: {self.episodes} committed episodes, nothing dropped"
+        parts = []
+        if self.dropped_steps:
+            parts.append(f"dropped {self.dropped_steps} steps of an uncommitted (interrupted) episode")
+        if self.dropped_end_rows or self.dropped_info_rows:
+            parts.append(f"dropped {max(self.dropped_end_rows, self.dropped_info_rows)} unfinished episode record(s)")
+        if self.removed_temp_files:
+            parts.append(f"removed {len(self.removed_temp_files)} temporary file(s) of interrupted writes")
+        return f"{self.episodes} committed episodes kept intact; " + "; ".join(parts)
+
+
+class EpisodeStore:
+    """Episodes on disk. Open with `EpisodeStore.create(...)` or `EpisodeStore.open(...)`."""
+
+    def __init__(self, group: zarr.Group, location: str, mode: str, lock_fd: int | None):
+        self._group = group
+        self.location = location
+        self.mode = mode
+        self._lock_fd = lock_fd
+        attrs = group.attrs.asdict()
+        if "robo_rl" not in attrs:
+            raise StoreError(f"{location}: is a zarr group but not a robo_rl episode store (no 'robo_rl' attributes)")
+        self.schema = Schema.from_json(attrs["robo_rl"], where=location)
+        self.image_codec: str = attrs["robo_rl"].get("image_codec", DEFAULT_IMAGE_CODEC)
+        self._arrays: dict[str, zarr.Array] = {}
+        self._ends = np.zeros(0, dtype=np.int64)
+        self._infos: list[EpisodeMeta] = []
+        self._dropped_at_open: RepairReport | None = None  # what opening for append cut off
+        self.refresh()
+
+    # ------------------------------------------------------------------ opening and creating
+    @classmethod
+    def create(
+        cls,
+        path: str | os.PathLike,
+        schema: Schema,
+        overwrite: bool = False,
+        image_codec: str = DEFAULT_IMAGE_CODEC,
+    ) -> "EpisodeStore":
+        """Create an empty store at a local path and open it for appending."""
+        if _is_remote(str(path)):
+            raise StoreError(f"{path}: stores are created locally; copy to remote storage afterwards")
+        if image_codec not in IMAGE_CODECS:
+            raise StoreError(f"image_codec {image_codec!r} unknown; choose one of {sorted(IMAGE_CODECS)}")
+        root = _local_path(path)
+        if root.exists() and any(root.iterdir()):
+            if not overwrite:
+                raise StoreError(f"{root}: already exists; open it to append, or pass overwrite=True to replace it")
+            shutil.rmtree(root)
+        root.mkdir(parents=True, exist_ok=True)
+        lock_fd = _acquire_lock(root)
+        try:
+            group = zarr.open_group(str(root), mode="a", zarr_format=3)  # "w" would delete the lock file
+            group.attrs["robo_rl"] = {**schema.to_json(), "image_codec": image_codec}
+            for spec in schema.keys.values():
+                _create_data_array(group, spec.name, spec.shape, spec.dtype, spec.is_image, image_codec)
+            _create_data_array(group, TIMESTAMP_KEY, (), "float64", False, image_codec)
+            _create_data_array(group, SEGMENT_KEY, (), "uint8", False, image_codec)
+            group.create_array("meta/episode_ends", shape=(0,), chunks=(4096,), dtype="int64", fill_value=0)
+            group.create_array("meta/episode_info", shape=(0,), chunks=(1024,), dtype=str)
+            group.create_group("meta/stats")
+        except BaseException:
+            _release_lock(lock_fd)
+            raise
+        return cls(group, str(root), "a", lock_fd)
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, mode: str = "r", storage_options: dict | None = None) -> "EpisodeStore":
+        """Open a store. mode 'r' reads (local or any fsspec URL); 'a' appends (local only, one writer)."""
+        if mode not in ("r", "a"):
+            raise StoreError(f"mode must be 'r' or 'a', got {mode!r}")
+        location = str(path)
+        if _is_remote(location):
+            if mode != "r":
+                raise StoreError(f"{location}: remote stores open read-only (mode='r')")
+            try:
+                group = zarr.open_group(location, mode="r", storage_options=storage_options or {})
+            except Exception as e:  # fsspec raises many types; say what failed, keep the cause
+                raise StoreError(f"{location}: cannot open as a robo_rl store ({type(e).__name__}: {e})") from e
+            return cls(group, location, "r", None)
+        root = _local_path(path)
+        if not root.is_dir():
+            raise StoreError(f"{root}: no such store (not a directory)")
+        if not (root / "zarr.json").is_file():
+            raise StoreError(f"{root}: not a robo_rl store (no zarr.json); create one with EpisodeStore.create")
+        lock_fd = _acquire_lock(root) if mode == "a" else None
+        try:
+            group = zarr.open_group(str(root), mode="r+" if mode == "a" else "r", zarr_format=3)
+            store = cls(group, str(root), mode, lock_fd)
+        except BaseException:
+            _release_lock(lock_fd)
+            raise
+        if mode == "a":
+            store._dropped_at_open = store._drop_uncommitted()
+        return store
+
+    def close(self) -> None:
+        _release_lock(self._lock_fd)
+        self._lock_fd = None
+
+    def __enter__(self) -> "EpisodeStore":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+    # ------------------------------------------------------------------ reading
+    def refresh(self) -> None:
+        """Re-read what is committed (a reader calls this to see a writer's new episodes)."""
+        self._arrays.clear()
+        ends = np.asarray(self._group["meta/episode_ends"][:], dtype=np.int64)
+        self._ends = ends[: _committed_prefix(ends)]
+        raw = self._group["meta/episode_info"]
+        n = min(len(self._ends), raw.shape[0])
+        texts = raw[:n] if n else []
+        self._infos = [EpisodeMeta.from_json(json.loads(t)) for t in texts]
+        if len(self._infos) < len(self._ends):
+            raise StoreError(f"{self.location}: {len(self._ends)} episodes committed but only {len(self._infos)} have info")
+
+    @property
+    def n_episodes(self) -> int:
+        return len(self._ends)
+
+    def __len__(self) -> int:
+        return self.n_episodes
+
+    @property
+    def n_steps(self) -> int:
+        return int(self._ends[-1]) if len(self._ends) else 0
+
+    @property
+    def episode_ends(self) -> np.ndarray:
+        return self._ends.copy()
+
+    @property
+    def episode_starts(self) -> np.ndarray:
+        return np.concatenate([[0], self._ends[:-1]]).astype(np.int64)
+
+    @property
+    def episode_lengths(self) -> np.ndarray:
+        return np.diff(np.concatenate([[0], self._ends])).astype(np.int64)
+
+    @property
+    def writable(self) -> bool:
+        return self.mode == "a"
+
+    @property
+    def data_keys(self) -> list[str]:
+        """User keys plus 'timestamp' and 'segment'."""
+        return [*self.schema.keys, TIMESTAMP_KEY, SEGMENT_KEY]
+
+    def _check_episode(self, i: int) -> int:
+        n = self.n_episodes
+        if not -n <= i < n:
+            raise StoreError(f"{self.location}: episode {i} out of range ({n} committed episodes)")
+        return i % n
+
+    def episode_range(self, i: int) -> tuple[int, int]:
+        i = self._check_episode(i)
+        return (int(self._ends[i - 1]) if i else 0), int(self._ends[i])
+
+    def meta(self, i: int) -> EpisodeMeta:
+        return self._infos[self._check_episode(i)]
+
+    @property
+    def metas(self) -> list[EpisodeMeta]:
+        return list(self._infos)
+
+    def array(self, key: str) -> zarr.Array:
+        """The raw zarr array of a key (rows past `n_steps` are not committed)."""
+        if key not in self._arrays:
+            if key not in self.data_keys:
+                raise StoreError(f"{self.location}: no key {key!r}; keys are {self.data_keys}")
+            self._arrays[key] = self._group[f"data/{key}"]
+        return self._arrays[key]
+
+    def read(self, key: str, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Rows [start, stop) of a key, never past the committed end."""
+        stop = self.n_steps if stop is None else min(stop, self.n_steps)
+        return np.asarray(self.array(key)[start:stop])
+
+    def episode(self, i: int, keys: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+        start, end = self.episode_range(i)
+        return {k: self.read(k, start, end) for k in (keys or self.data_keys)}
+
+    def select(
+        self,
+        task: str | None = None,
+        success: bool | None = None,
+        segment: Segment | str | Sequence[Segment | str] | None = None,
+        source: str | None = None,
+    ) -> list[int]:
+        """Indices of episodes matching every given filter. `segment`: holds a step with that label."""
+        keep = []
+        wanted = None
+        if segment is not None:
+            segs = [segment] if isinstance(segment, (str, Segment, int)) else segment
+            wanted = np.array(sorted({int(Segment.parse(s)) for s in segs}), dtype=np.uint8)
+            seg_all = self.read(SEGMENT_KEY)
+        for i, m in enumerate(self._infos):
+            if task is not None and m.task != task:
+                continue
+            if success is not None and m.success != success:
+                continue
+            if source is not None and m.source != source:
+                continue
+            if wanted is not None:
+                s, e = self.episode_range(i)
+                if not np.isin(seg_all[s:e], wanted).any():
+                    continue
+            keep.append(i)
+        return keep
+
+    # ------------------------------------------------------------------ writing
+    def _require_writable(self) -> None:
+        if not self.writable:
+            raise StoreError(f"{self.location}: opened read-only; open with mode='a' to write")
+
+    def begin_episode(self, meta: EpisodeMeta | None = None) -> "EpisodeWriter":
+        """Start an episode; add steps to the returned writer, then `commit()` it."""
+        self._require_writable()
+        return EpisodeWriter(self, meta or EpisodeMeta())
+
+    def add_episode(
+        self,
+        data: Mapping[str, Any],
+        timestamps: Any,
+        segments: Any = Segment.TELEOP,
+        meta: EpisodeMeta | None = None,
+    ) -> int:
+        """Append a whole episode: `data[key]` is (T, *shape). Returns the episode's index."""
+        writer = self.begin_episode(meta)
+        writer.add_block(data, timestamps, segments)
+        return writer.commit()
+
+    def _drop_uncommitted(self) -> RepairReport:
+        """Cut every array back to the committed end (rows of an interrupted episode)."""
+        report = RepairReport(episodes=self.n_episodes)
+        end = self.n_steps
+        for key in self.data_keys:
+            arr = self.array(key)
+            if arr.shape[0] > end:
+                report.dropped_steps = max(report.dropped_steps, arr.shape[0] - end)
+                arr.resize((end, *arr.shape[1:]))
+        ends = self._group["meta/episode_ends"]
+        if ends.shape[0] > self.n_episodes:
+            report.dropped_end_rows = ends.shape[0] - self.n_episodes
+            ends.resize((self.n_episodes,))
+        info = self._group["meta/episode_info"]
+        if info.shape[0] > self.n_episodes:
+            report.dropped_info_rows = info.shape[0] - self.n_episodes
+            info.resize((self.n_episodes,))
+        if report.changed:
+            log.warning("%s: %s", self.location, report.summary())
+        self._arrays.clear()
+        return report
+
+    def repair(self) -> RepairReport:
+        """Drop what an interrupted writer left behind and say what it was. Committed data is kept."""
+        self._require_writable()
+        root = Path(self.location)
+        temps = [str(p.relative_to(root)) for p in root.rglob(f"*{TEMP_SUFFIX}")]
+        report = self._drop_uncommitted()
+        if self._dropped_at_open is not None:
+            earlier, self._dropped_at_open = self._dropped_at_open, None
+            report.dropped_steps = max(report.dropped_steps, earlier.dropped_steps)
+            report.dropped_end_rows = max(report.dropped_end_rows, earlier.dropped_end_rows)
+            report.dropped_info_rows = max(report.dropped_info_rows, earlier.dropped_info_rows)
+        for rel in temps:
+            (root / rel).unlink(missing_ok=True)
+        report.removed_temp_files = temps
+        return report
+
+    # ------------------------------------------------------------------ copies, delete, merge
+    def copy_episodes(self, out: str | os.PathLike, episodes: Sequence[int] | None = None, overwrite: bool = False) -> "EpisodeStore":
+        """Write the chosen episodes (default all) to a new store at `out`; returns it open for appending."""
+        dst = EpisodeStore.create(out, self.schema, overwrite=overwrite, image_codec=self.image_codec)
+        try:
+            _copy_into(self, dst, range(self.n_episodes) if episodes is None else episodes)
+        except BaseException:
+            dst.close()
+            shutil.rmtree(dst.location, ignore_errors=True)
+            raise
+        return dst
+
+    def delete(self, episodes: Sequence[int]) -> int:
+        """Remove episodes by rewriting the store without them. Returns how many remain.
+
+        The new store is built beside the old one and swapped in with two renames; the old
+        copy is removed only after the new one is in place.
+        """
+        self._require_writable()
+        drop = {self._check_episode(i) for i in episodes}
+        keep = [i for i in range(self.n_episodes) if i not in drop]
+        root = Path(self.location)
+        tmp = root.with_name(f"{root.name}.rewrite-{uuid.uuid4().hex[:8]}")
+        old = root.with_name(f"{root.name}.old-{uuid.uuid4().hex[:8]}")
+        new = self.copy_episodes(tmp, keep)
+        new.close()
+        os.rename(root, old)
+        os.rename(tmp, root)
+        self.close()
+        shutil.rmtree(old, ignore_errors=True)
+        reopened = EpisodeStore.open(root, mode="a")
+        self.__dict__.update(reopened.__dict__)
+        reopened._lock_fd = None  # ownership moved to self
+        return self.n_episodes
+
+    @staticmethod
+    def merge(sources: Sequence["EpisodeStore | str"], out: str | os.PathLike, overwrite: bool = False) -> "EpisodeStore":
+        """Concatenate stores with the same schema (keys, shapes, dtypes, fps) into a new one."""
+        stores = [s if isinstance(s, EpisodeStore) else EpisodeStore.open(s) for s in sources]
+        if not stores:
+            raise StoreError("merge: give at least one source store")
+        first = stores[0]
+        for s in stores[1:]:
+            if s.schema.to_json()["keys"] != first.schema.to_json()["keys"] or s.schema.fps != first.schema.fps:
+                raise StoreError(
+                    f"merge: {s.location} has schema {s.schema.to_json()['keys']} at {s.schema.fps} fps, "
+                    f"{first.location} has {first.schema.to_json()['keys']} at {first.schema.fps} fps"
+                )
+        dst = EpisodeStore.create(out, first.schema, overwrite=overwrite, image_codec=first.image_codec)
+        try:
+            for s in stores:
+                _copy_into(s, dst, range(s.n_episodes))
+        except BaseException:
+            dst.close()
+            shutil.rmtree(dst.location, ignore_errors=True)
+            raise
+        return dst
+
+    # ------------------------------------------------------------------ stats and facts
+    def load_stats(self) -> dict | None:
+        """Saved normalisation statistics, or None when absent or stale (store has grown)."""
+        attrs = self._group["meta/stats"].attrs.asdict()
+        if attrs.get("n_steps") != self.n_steps or not attrs.get("keys"):
+            return None
+        return attrs["keys"]
+
+    def save_stats(self, stats: dict) -> None:
+        """Store statistics with the step count they cover. Works on a read-only handle of a local store."""
+        if _is_remote(self.location):
+            return
+        node = zarr.open_group(str(Path(self.location) / "meta" / "stats"), mode="r+", zarr_format=3)
+        node.attrs.put({"n_steps": self.n_steps, "keys": stats})
+
+    def size_on_disk(self) -> int | None:
+        if _is_remote(self.location):
+            return None
+        return sum(p.stat().st_size for p in Path(self.location).rglob("*") if p.is_file())
+
+    def segment_counts(self) -> dict[str, int]:
+        seg = self.read(SEGMENT_KEY)
+        counts = np.bincount(seg, minlength=len(Segment))
+        return {s.name: int(counts[s]) for s in Segment}
+
+    def info(self) -> dict[str, Any]:
+        lengths = self.episode_lengths
+        succ = [m.success for m in self._infos if m.success is not None]
+        return {
+            "location": self.location,
+            "robot": self.schema.robot,
+            "episodes": self.n_episodes,
+            "steps": self.n_steps,
+            "duration_s": self.n_steps / self.schema.fps,
+            "fps": self.schema.fps,
+            "mean_length": float(lengths.mean()) if len(lengths) else 0.0,
+            "success_rate": (sum(succ) / len(succ)) if succ else None,
+            "labelled_success": len(succ),
+            "segments": self.segment_counts(),
+            "tasks": sorted({m.task for m in self._infos}),
+            "keys": {k: (s.shape, s.dtype) for k, s in self.schema.keys.items()},
+            "cameras": list(self.schema.cameras),
+            "image_codec": self.image_codec if self.schema.image_keys else None,
+            "bytes_on_disk": self.size_on_disk(),
+            "schema_version": self.schema.version,
+        }
+
+    def validate(self, check_values: bool = True) -> list[str]:
+        """Every problem found, as one line each; an empty list means the store is sound."""
+        problems: list[str] = []
+        raw_ends = np.asarray(self._group["meta/episode_ends"][:])
+        if len(raw_ends) > self.n_episodes:
+            problems.append(f"{len(raw_ends) - self.n_episodes} unfinished episode record(s) past the last commit (run repair)")
+        for key in self.data_keys:
+            arr = self.array(key)
+            if arr.shape[0] < self.n_steps:
+                problems.append(f"key '{key}': {arr.shape[0]} rows but episodes end at {self.n_steps}")
+            elif arr.shape[0] > self.n_steps:
+                problems.append(f"key '{key}': {arr.shape[0] - self.n_steps} uncommitted rows past the last episode (run repair)")
+        if problems or not check_values:
+            return problems
+        ts = self.read(TIMESTAMP_KEY)
+        seg = self.read(SEGMENT_KEY)
+        for i in range(self.n_episodes):
+            s, e = self.episode_range(i)
+            if e <= s:
+                problems.append(f"episode {i}: empty")
+                continue
+            d = np.diff(ts[s:e])
+            if not np.isfinite(ts[s:e]).all():
+                problems.append(f"episode {i}: non-finite timestamp")
+            elif (d < 0).any():
+                problems.append(f"episode {i} step {int(np.argmax(d < 0)) + 1}: timestamp goes backwards")
+        if (seg >= len(Segment)).any():
+            problems.append(f"segment: unknown label at step {int(np.argmax(seg >= len(Segment)))}")
+        for key, spec in self.schema.keys.items():
+            if np.dtype(spec.dtype).kind != "f":
+                continue
+            for start in range(0, self.n_steps, 65536):
+                block = self.read(key, start, start + 65536)
+                bad = ~np.isfinite(block.reshape(len(block), -1)).all(axis=1)
+                if bad.any():
+                    problems.append(f"key '{key}': NaN/inf at step {start + int(np.argmax(bad))}")
+                    break
+        if not _is_remote(self.location):
+            temps = list(Path(self.location).rglob(f"*{TEMP_SUFFIX}"))
+            if temps:
+                problems.append(f"{len(temps)} temporary file(s) of interrupted writes (run repair)")
+        return problems
+
+
+class EpisodeWriter:
+    """Builds one episode in a writable store. Camera frames go to disk a shard at a time while
+    the episode runs, so memory stays bounded; everything else is written at `commit()`."""
+
+    def __init__(self, store: EpisodeStore, meta: EpisodeMeta):
+        self.store = store
+        self.meta = meta
+        self.start = store.n_steps
+        self.length = 0
+        self._pending: dict[str, list[np.ndarray]] = {k: [] for k in store.data_keys}
+        self._flushed: dict[str, int] = {k: 0 for k in store.data_keys}
+        self._last_ts: float | None = None
+        self._done = False
+
+    @property
+    def episode_index(self) -> int:
+        return self.store.n_episodes
+
+    def _where(self, step: int | None = None) -> str:
+        return f"{self.store.location}: episode {self.episode_index} step {self.length if step is None else step}"
+
+    def add(self, step: Mapping[str, Any], timestamp: float, segment: Segment | int | str = Segment.TELEOP, checked: bool = False) -> None:
+        """Add one step: `step[key]` for every schema key, its capture time and who produced it."""
+        self._require_open()
+        where = self._where()
+        values = step if checked else self.store.schema.check_step(step, where)
+        ts = float(timestamp)
+        if not np.isfinite(ts):
+            raise SchemaError(f"{where}: timestamp is {ts}, expected a finite time in seconds")
+        if self._last_ts is not None and ts < self._last_ts:
+            raise SchemaError(f"{where}: timestamp {ts:.6f} goes backwards (previous step {self._last_ts:.6f})")
+        seg = Segment.parse(segment)
+        for k, v in values.items():
+            self._pending[k].append(v)
+        self._pending[TIMESTAMP_KEY].append(np.float64(ts))
+        self._pending[SEGMENT_KEY].append(np.uint8(seg))
+        self._last_ts = ts
+        self.length += 1
+        for k in self.store.schema.image_keys:
+            self._flush(k, final=False)
+
+    def add_block(self, data: Mapping[str, Any], timestamps: Any, segments: Any = Segment.TELEOP) -> None:
+        """Add T steps at once: `data[key]` is (T, *shape)."""
+        self._require_open()
+        schema = self.store.schema
+        where = f"{self.store.location}: episode {self.episode_index}"
+        missing = [k for k in schema.keys if k not in data]
+        extra = [k for k in data if k not in schema.keys]
+        if missing or extra:
+            raise SchemaError(f"{where}: " + "; ".join(
+                ([f"missing {missing}"] if missing else []) + ([f"unknown {extra} (schema has {list(schema.keys)})"] if extra else [])))
+        blocks = {k: schema.keys[k].check_block(data[k], where) for k in schema.keys}
+        ts = np.asarray(timestamps, dtype=np.float64).reshape(-1)
+        lengths = {k: len(v) for k, v in blocks.items()}
+        lengths[TIMESTAMP_KEY] = len(ts)
+        if len(set(lengths.values())) != 1:
+            raise SchemaError(f"{where}: blocks have different lengths {lengths}")
+        n = len(ts)
+        if not np.isfinite(ts).all():
+            raise SchemaError(f"{where} step {self.length + int(np.argmax(~np.isfinite(ts)))}: timestamp is not finite")
+        prev = np.concatenate([[self._last_ts if self._last_ts is not None else -np.inf], ts[:-1]])
+        back = ts < prev
+        if back.any():
+            j = int(np.argmax(back))
+            raise SchemaError(f"{where} step {self.length + j}: timestamp {ts[j]:.6f} goes backwards (previous step {prev[j]:.6f})")
+        if isinstance(segments, (str, Segment, int, np.integer)):
+            seg = np.full(n, int(Segment.parse(segments)), dtype=np.uint8)
+        else:
+            seg = np.array([int(Segment.parse(s)) for s in segments], dtype=np.uint8)
+            if len(seg) != n:
+                raise SchemaError(f"{where}: {len(seg)} segment labels for {n} steps")
+        for k, v in blocks.items():
+            self._pending[k].extend(v)
+        self._pending[TIMESTAMP_KEY].extend(ts)
+        self._pending[SEGMENT_KEY].extend(seg)
+        if n:
+            self._last_ts = float(ts[-1])
+        self.length += n
+        for k in schema.image_keys:
+            self._flush(k, final=False)
+
+    def _flush(self, key: str, final: bool) -> None:
+        """Write pending rows of `key`: whole shards while recording, everything at commit."""
+        pending = self._pending[key]
+        if not pending:
+            return
+        arr = self.store.array(key)
+        pos = self.start + self._flushed[key]
+        upto = pos + len(pending)
+        if not final:
+            shard = arr.shards[0] if arr.shards else arr.chunks[0]
+            upto = (upto // shard) * shard
+            if upto <= pos:
+                return
+        n = upto - pos
+        if arr.shape[0] < upto:
+            arr.resize((upto, *arr.shape[1:]))
+        arr[pos:upto] = np.stack(pending[:n])
+        del pending[:n]
+        self._flushed[key] += n
+
+    def commit(self, success: bool | None = None, **meta_updates: Any) -> int:
+        """Make the episode visible. Data first, then its info, then its end (the commit point)."""
+        self._require_open()
+        if self.length == 0:
+            raise SchemaError(f"{self._where()}: cannot commit an empty episode")
+        if success is not None:
+            self.meta.success = bool(success)
+        for k, v in meta_updates.items():
+            if not hasattr(self.meta, k):
+                raise SchemaError(f"{self._where()}: unknown episode field {k!r}")
+            setattr(self.meta, k, v)
+        store = self.store
+        for key in store.data_keys:
+            self._flush(key, final=True)
+        end = self.start + self.length
+        idx = store.n_episodes
+        group = store._group
+        info = group["meta/episode_info"]
+        info.resize((idx + 1,))
+        info[idx] = json.dumps(self.meta.to_json())
+        ends = group["meta/episode_ends"]
+        ends.resize((idx + 1,))
+        ends[idx] = end  # the commit point
+        store._ends = np.append(store._ends, np.int64(end))
+        store._infos.append(self.meta)
+        self._done = True
+        return idx
+
+    def discard(self) -> None:
+        """Abandon the episode; rows already flushed are cut off the arrays."""
+        if self._done:
+            return
+        self._done = True
+        self.store._drop_uncommitted()
+
+    def _require_open(self) -> None:
+        if self._done:
+            raise StoreError(f"{self._where()}: episode already committed or discarded")
+        if self.store.n_steps != self.start:
+            raise StoreError(f"{self._where()}: another episode was committed meanwhile; one writer at a time")
+
+
+# ---------------------------------------------------------------------- helpers
+def _committed_prefix(ends: np.ndarray) -> int:
+    """Number of leading entries that form strictly increasing positive ends.
+
+    An entry that reads as the fill value (0) or does not increase was allocated by a resize but
+    never written: the writer died between growing the array and writing the end.
+    """
+    if len(ends) == 0:
+        return 0
+    prev = np.concatenate([[0], ends[:-1]])
+    ok = ends > prev
+    return int(len(ends) if ok.all() else np.argmin(ok))
+
+
+def _create_data_array(group: zarr.Group, key: str, shape: tuple[int, ...], dtype: str, is_image: bool, image_codec: str) -> None:
+    if is_image:
+        chunks = (1, *shape)
+        shards = (IMAGE_SHARD, *shape)
+        compressors = IMAGE_CODECS[image_codec]()
+    else:
+        chunks = (LOWDIM_CHUNK, *shape)
+        shards = (LOWDIM_SHARD, *shape)
+        compressors = BloscCodec(cname="zstd", clevel=3, shuffle="shuffle", typesize=np.dtype(dtype).itemsize)
+    group.create_array(
+        f"data/{key}",
+        shape=(0, *shape),
+        chunks=chunks,
+        shards=shards,
+        dtype=dtype,
+        compressors=compressors,
+        fill_value=0,
+    )
+
+
+def _copy_into(src: EpisodeStore, dst: EpisodeStore, episodes: Iterable[int]) -> None:
+    for i in episodes:
+        ep = src.episode(i)
+        ts = ep.pop(TIMESTAMP_KEY)
+        seg = ep.pop(SEGMENT_KEY)
+        dst.add_episode(ep, ts, seg, EpisodeMeta.from_json(src.meta(i).to_json()))
+
+
+def _acquire_lock(root: Path) -> int:
+    """One writer per store. flock is released by the kernel when the holder dies, even by SIGKILL."""
+    fd = os.open(root / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise StoreError(f"{root}: open for writing by another process (pid {holder}); one writer at a time") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
+
+
+def _release_lock(fd: int | None) -> None:
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)

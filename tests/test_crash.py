@@ -1,0 +1,101 @@
+"""Crash safety with real processes killed by SIGKILL at random moments."""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from episodes import assert_episode_equal
+
+from robo_rl.data.store import EpisodeStore
+
+WRITER = Path(__file__).parent / "crash_writer.py"
+
+
+def _start(path: Path, mode: str) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        [sys.executable, str(WRITER), str(path), mode],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group: the kill takes the recorder's writer too
+    )
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def _kill_and_count(proc: subprocess.Popen) -> int:
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    out = proc.stdout.read()
+    return sum(1 for line in out.splitlines() if line.startswith("committed"))
+
+
+def _check(path: Path, reported: int, previous: int) -> int:
+    """Open without repair; every committed episode must be exactly what was written."""
+    store = EpisodeStore.open(path)
+    n = store.n_episodes
+    # Killed after a commit but before it printed: at most one more than reported.
+    assert previous + reported <= n <= previous + reported + 1, (previous, reported, n)
+    for i in range(n):
+        assert_episode_equal(store, i, i)
+    store.close()
+    return n
+
+
+@pytest.mark.parametrize("mode,rounds", [("direct", 14), ("recorder", 6)])
+def test_sigkill_at_random_points_never_loses_committed_episodes(tmp_path, mode, rounds):
+    path = tmp_path / "store"
+    rng = random.Random(1234 + len(mode))
+    n = 0
+    for _ in range(rounds):
+        proc = _start(path, mode)
+        time.sleep(rng.uniform(0.05, 1.5))
+        reported = _kill_and_count(proc)
+        n = _check(path, reported, n)
+    assert n > 0, "the writer never committed anything; the test proved nothing"
+    with EpisodeStore.open(path, mode="a") as store:
+        store.repair()
+        assert store.validate() == []
+        assert store.n_episodes == n
+    # and the store keeps working: one more writer round appends after the survivors
+    proc = _start(path, mode)
+    time.sleep(1.0)
+    reported = _kill_and_count(proc)
+    _check(path, reported, n)
+
+
+def test_partial_episode_is_dropped_and_repair_says_so(tmp_path, filled_store):
+    path = Path(filled_store.location)
+    before = filled_store.n_episodes
+    filled_store.close()
+    proc = _start(path, "partial")
+    assert proc.stdout.readline().strip() == "partial"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    with EpisodeStore.open(path) as store:  # opens without repair, sees only committed episodes
+        assert store.n_episodes == before
+        assert store.array("obs/images/top").shape[0] > store.n_steps  # the partial frames are on disk
+        for i in range(before):
+            assert_episode_equal(store, i, i)
+        assert any("uncommitted" in p for p in store.validate())
+    out = subprocess.run([sys.executable, "-m", "robo_rl.cli.main", "dataset", "repair", str(path)],
+                         capture_output=True, text=True, check=True).stdout
+    assert "dropped" in out and "uncommitted" in out, out
+    with EpisodeStore.open(path) as store:
+        assert store.validate() == []
+        assert store.n_episodes == before
+        for i in range(before):
+            assert_episode_equal(store, i, i)
+
+
+def test_second_writer_is_refused_while_first_holds_the_lock(filled_store):
+    from robo_rl.errors import StoreError
+
+    with pytest.raises(StoreError, match="another process"):
+        EpisodeStore.open(filled_store.location, mode="a")
+    filled_store.close()
+    EpisodeStore.open(filled_store.location, mode="a").close()  # free again once closed
