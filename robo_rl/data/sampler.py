@@ -100,89 +100,63 @@ class WindowSampler:
         self.episode_id = np.asarray(self.episodes, dtype=np.int64)[episode_of_step]
         self.weights = segment_weight_table(segment_weights)[self.data[SEGMENT_KEY]]
         self.device = device
-        self._obs_offsets = np.arange(-n_obs + 1, 1, dtype=np.int64)
-        self._act_offsets = np.arange(horizon, dtype=np.int64)
+        # The arrays `get` gathers from: numpy here, or torch tensors on `device`.
+        self._xp = np
+        self._cols = {
+            "t": self.t, "start": self.start, "end": self.end, "episode": self.episode_id, "weight": self.weights,
+            "obs_offsets": np.arange(-n_obs + 1, 1, dtype=np.int64), "act_offsets": np.arange(horizon, dtype=np.int64),
+        }
+        self._data = self.data
         if device is not None:
-            self._to_device(device)
+            import torch
+
+            as_t = lambda a: torch.as_tensor(np.ascontiguousarray(a), device=torch.device(device))  # noqa: E731
+            self._xp = torch
+            self._cols = {k: as_t(v) for k, v in self._cols.items()}
+            self._data = {k: as_t(v) for k, v in self.data.items()}
 
     def __len__(self) -> int:
         return len(self.t)
 
-    # ------------------------------------------------------------------ numpy path
     def get(self, idx: Any) -> dict[str, Any]:
-        """The windows at step indices `idx` (1-D), as a dict of batched arrays (or tensors on `device`)."""
-        if self.device is not None:
-            return self._get_torch(idx)
-        idx = np.asarray(idx, dtype=np.int64)
-        t = self.t[idx]
-        start = self.start[idx][:, None]
-        end = self.end[idx][:, None]
-        obs_raw = t[:, None] + self._obs_offsets
-        act_raw = t[:, None] + self._act_offsets
-        obs_idx = np.maximum(obs_raw, start)
-        act_idx = np.minimum(act_raw, end - 1)
-        batch = {k: self.data[k][obs_idx] for k in self.spec.obs_keys}
-        batch[self.spec.action_key] = self.data[self.spec.action_key][act_idx]
+        """The windows at step indices `idx` (1-D): a dict of batched numpy arrays, or torch tensors
+        on `device` when the sampler has one."""
+        xp, c, data = self._xp, self._cols, self._data
+        if xp is np:
+            idx = np.asarray(idx, dtype=np.int64)
+        else:
+            idx = xp.as_tensor(idx, device=c["t"].device, dtype=xp.long)
+        t = c["t"][idx]
+        start = c["start"][idx][:, None]
+        end = c["end"][idx][:, None]
+        obs_raw = t[:, None] + c["obs_offsets"]
+        act_raw = t[:, None] + c["act_offsets"]
+        batch = {k: data[k][xp.maximum(obs_raw, start)] for k in self.spec.obs_keys}
+        batch[self.spec.action_key] = data[self.spec.action_key][xp.minimum(act_raw, end - 1)]
         batch["obs_is_pad"] = obs_raw < start
         batch["action_is_pad"] = act_raw >= end
-        batch["weight"] = self.weights[idx]
-        batch["segment"] = self.data[SEGMENT_KEY][idx]
-        batch["episode"] = self.episode_id[idx]
+        batch["weight"] = c["weight"][idx]
+        batch["segment"] = data[SEGMENT_KEY][idx]
+        batch["episode"] = c["episode"][idx]
         batch["index"] = idx
         return batch
 
-    def sample(self, batch_size: int, rng: np.random.Generator | Any | None = None, weighted: bool = False) -> dict[str, Any]:
-        """A random batch. weighted=True draws windows in proportion to their segment weights."""
-        if self.device is not None:
-            return self._sample_torch(batch_size, rng, weighted)
-        rng = rng if rng is not None else np.random.default_rng()
-        if weighted:
-            p = self.weights / self.weights.sum()
-            idx = rng.choice(len(self), size=batch_size, p=p)
+    def sample(self, batch_size: int, rng: Any = None, weighted: bool = False) -> dict[str, Any]:
+        """A random batch; weighted=True draws windows in proportion to their segment weights.
+        `rng`: a numpy Generator, or a torch Generator on the sampler's device."""
+        if self._xp is np:
+            rng = rng if rng is not None else np.random.default_rng()
+            if weighted:
+                idx = rng.choice(len(self), size=batch_size, p=self.weights / self.weights.sum())
+            else:
+                idx = rng.integers(0, len(self), size=batch_size)
         else:
-            idx = rng.integers(0, len(self), size=batch_size)
+            torch, w = self._xp, self._cols["weight"]
+            if weighted:
+                idx = torch.multinomial(w, batch_size, replacement=True, generator=rng)
+            else:
+                idx = torch.randint(0, len(self), (batch_size,), device=w.device, generator=rng)
         return self.get(idx)
-
-    # ------------------------------------------------------------------ torch path (device-resident)
-    def _to_device(self, device: str) -> None:
-        import torch
-
-        self._torch = torch
-        dev = torch.device(device)
-        as_t = lambda a: torch.as_tensor(np.ascontiguousarray(a), device=dev)  # noqa: E731
-        self._dt = {k: as_t(v) for k, v in self.data.items()}
-        self._t_t, self._start_t, self._end_t = as_t(self.t), as_t(self.start), as_t(self.end)
-        self._episode_t, self._weights_t = as_t(self.episode_id), as_t(self.weights)
-        self._obs_off_t, self._act_off_t = as_t(self._obs_offsets), as_t(self._act_offsets)
-        self._dev = dev
-
-    def _get_torch(self, idx: Any) -> dict[str, Any]:
-        torch = self._torch
-        idx = torch.as_tensor(idx, device=self._dev, dtype=torch.long)
-        t = self._t_t[idx]
-        start = self._start_t[idx][:, None]
-        end = self._end_t[idx][:, None]
-        obs_raw = t[:, None] + self._obs_off_t
-        act_raw = t[:, None] + self._act_off_t
-        obs_idx = torch.maximum(obs_raw, start)
-        act_idx = torch.minimum(act_raw, end - 1)
-        batch = {k: self._dt[k][obs_idx] for k in self.spec.obs_keys}
-        batch[self.spec.action_key] = self._dt[self.spec.action_key][act_idx]
-        batch["obs_is_pad"] = obs_raw < start
-        batch["action_is_pad"] = act_raw >= end
-        batch["weight"] = self._weights_t[idx]
-        batch["segment"] = self._dt[SEGMENT_KEY][idx]
-        batch["episode"] = self._episode_t[idx]
-        batch["index"] = idx
-        return batch
-
-    def _sample_torch(self, batch_size: int, generator: Any, weighted: bool) -> dict[str, Any]:
-        torch = self._torch
-        if weighted:
-            idx = torch.multinomial(self._weights_t, batch_size, replacement=True, generator=generator)
-        else:
-            idx = torch.randint(0, len(self), (batch_size,), device=self._dev, generator=generator)
-        return self._get_torch(idx)
 
 
 def _read_ranges(store: EpisodeStore, key: str, ranges: list[tuple[int, int]]) -> np.ndarray:

@@ -170,6 +170,10 @@ class EpisodeStore:
             return cls(group, location, "r", None)
         root = _local_path(path)
         if not root.is_dir():
+            leftovers = sorted(root.parent.glob(f"{root.name}.old-*")) if root.parent.is_dir() else []
+            if leftovers:
+                raise StoreError(f"{root}: missing, but an interrupted delete left the original at {leftovers[-1]}; "
+                                 f"rename it back to {root}")
             raise StoreError(f"{root}: no such store (not a directory)")
         if not (root / "zarr.json").is_file():
             raise StoreError(f"{root}: not a robo_rl store (no zarr.json); create one with EpisodeStore.create")
@@ -395,10 +399,13 @@ class EpisodeStore:
         os.rename(tmp, root)
         self.close()
         shutil.rmtree(old, ignore_errors=True)
-        reopened = EpisodeStore.open(root, mode="a")
-        self.__dict__.update(reopened.__dict__)
-        reopened._lock_fd = None  # ownership moved to self
+        self._reopen_for_append()
         return self.n_episodes
+
+    def _reopen_for_append(self) -> None:
+        self._lock_fd = _acquire_lock(Path(self.location))
+        self._group = zarr.open_group(self.location, mode="r+", zarr_format=3)
+        self.refresh()
 
     @staticmethod
     def merge(sources: Sequence["EpisodeStore | str"], out: str | os.PathLike, overwrite: bool = False) -> "EpisodeStore":
