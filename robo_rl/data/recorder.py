@@ -37,6 +37,7 @@ from robo_rl.errors import SchemaError, StoreError
 # Control words in the shared header.
 _PRODUCED, _CONSUMED, _COMMITTED, _FAILED = range(4)
 _HEADER = 8  # int64 slots
+_TIMING_WINDOW = 1 << 16  # add_step timings kept for stats(): the last ~22 min at 50 Hz
 
 
 @dataclass
@@ -163,7 +164,6 @@ def _writer_main(store_path: str, ring_path: str, slots: int) -> int:
                 # never ended is not committed.
                 if writer is not None:
                     writer.discard()
-                Path(ring_path).unlink(missing_ok=True)
                 return 0
     except Exception as e:
         header[_FAILED] = 1
@@ -222,12 +222,16 @@ class Recorder:
             self._cleanup_ring()
             why = first or f"no answer within {start_timeout:.0f} s"
             raise StoreError(f"{path}: recorder could not start its writer: {why}")
+        # Both processes have the ring mapped now: unlink its name so no file is left in /dev/shm
+        # whoever dies first; the memory is freed when the last mapping goes.
+        self._cleanup_ring()
         self._header = self._ring.header
         self._produced = 0
         self._open = False
         self._ended = 0
         self._last_ts: float | None = None
-        self._blocked: list[float] = []
+        # Timings of the latest steps only, so hours of recording do not grow memory.
+        self._blocked = np.zeros(_TIMING_WINDOW)
         self._end_times: list[float] = []
         self._stalls = 0
         self._closed = False
@@ -273,7 +277,7 @@ class Recorder:
         header[_PRODUCED] = self._produced  # publish after the data is in place
         self._last_ts = ts
         self._step_in_episode += 1
-        self._blocked.append(time.perf_counter() - t0)
+        self._blocked[(self._produced - 1) % _TIMING_WINDOW] = time.perf_counter() - t0
 
     def end_episode(self, success: bool | None = None, **meta_updates: Any) -> int:
         """Close the open episode; it is committed in the background. Returns its episode index."""
@@ -335,8 +339,9 @@ class Recorder:
         return int(self._header[_COMMITTED])
 
     def stats(self) -> RecorderStats:
-        b = np.array(self._blocked or [0.0]) * 1e3
-        e = np.array(self._end_times or [0.0]) * 1e3
+        b = self._blocked[: min(self._produced, _TIMING_WINDOW)] * 1e3
+        b = b if len(b) else np.zeros(1)
+        e = np.array(self._end_times[-_TIMING_WINDOW:] or [0.0]) * 1e3
         return RecorderStats(
             steps=self._produced,
             episodes_ended=self._ended,
