@@ -18,6 +18,12 @@ Why a crash never loses committed data:
   uncommitted episode, dropped by the next writer or by `repair()`;
 - rewriting a shard that also holds committed rows is a read-modify-write of the whole file, so
   those rows come back bit for bit in the new version.
+
+Why a reader never returns torn data while a writer appends: reading a shard is several reads
+(its index, then byte ranges), and the writer may replace the file between them. Every chunk
+carries a CRC32C checksum (the shard index has its own), so a read that mixes two versions of a
+shard fails loudly instead of decoding wrong bytes, and `read()` tries again: every version of a
+shard holds the committed rows unchanged.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import json
 import logging
 import os
 import shutil
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +42,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import zarr
-from zarr.codecs import BloscCodec, ZstdCodec
+from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
 
 from robo_rl.data.schema import (
     SEGMENT_KEY,
@@ -62,6 +69,7 @@ IMAGE_CODECS = {
 }
 DEFAULT_IMAGE_CODEC = "zstd"
 IMAGE_CHUNK = 4  # frames per chunk: neighbouring frames compress together; a random frame read decodes 4
+READ_RETRIES = 8
 LOWDIM_CHUNK = 1024  # steps per chunk for low-dimensional keys
 LOWDIM_SHARD = 16384  # steps per shard file (~5.5 min at 50 Hz)
 IMAGE_SHARD = 128  # frames per shard file: an hour at 50 Hz is ~1,400 files per camera
@@ -279,7 +287,19 @@ class EpisodeStore:
     def read(self, key: str, start: int = 0, stop: int | None = None) -> np.ndarray:
         """Rows [start, stop) of a key, never past the committed end."""
         stop = self.n_steps if stop is None else min(stop, self.n_steps)
-        return np.asarray(self.array(key)[start:stop])
+        for attempt in range(READ_RETRIES):
+            try:
+                return np.asarray(self.array(key)[start:stop])
+            except (ValueError, RuntimeError, OSError) as e:
+                # A shard replaced by the writer between our reads of it (checksum or codec
+                # error): read it again from the new version.
+                failure = e
+                self._arrays.pop(key, None)
+                time.sleep(0.005 * (attempt + 1))
+        raise StoreError(
+            f"{self.location}: key '{key}' rows {start}:{stop} unreadable after {READ_RETRIES} tries "
+            f"({type(failure).__name__}: {failure}); run robo-rl dataset validate"
+        )
 
     def episode(self, i: int, keys: Iterable[str] | None = None) -> dict[str, np.ndarray]:
         start, end = self.episode_range(i)
@@ -510,14 +530,19 @@ class EpisodeStore:
         if (seg >= len(Segment)).any():
             problems.append(f"segment: unknown label at step {int(np.argmax(seg >= len(Segment)))}")
         for key, spec in self.schema.keys.items():
-            if np.dtype(spec.dtype).kind != "f":
-                continue
-            for start in range(0, self.n_steps, 65536):
-                block = self.read(key, start, start + 65536)
-                bad = ~np.isfinite(block.reshape(len(block), -1)).all(axis=1)
-                if bad.any():
-                    problems.append(f"key '{key}': NaN/inf at step {start + int(np.argmax(bad))}")
+            # Read every row of every key: each chunk's checksum is verified on the way.
+            block_rows = max(1, (64 << 20) // max(spec.nbytes, 1))
+            for start in range(0, self.n_steps, block_rows):
+                try:
+                    block = self.read(key, start, start + block_rows)
+                except StoreError as e:
+                    problems.append(str(e))
                     break
+                if np.dtype(spec.dtype).kind == "f":
+                    bad = ~np.isfinite(block.reshape(len(block), -1)).all(axis=1)
+                    if bad.any():
+                        problems.append(f"key '{key}': NaN/inf at step {start + int(np.argmax(bad))}")
+                        break
         if not _is_remote(self.location):
             temps = list(Path(self.location).rglob(f"*{TEMP_SUFFIX}"))
             if temps:
@@ -697,7 +722,7 @@ def _create_data_array(group: zarr.Group, key: str, shape: tuple[int, ...], dtyp
         chunks=chunks,
         shards=shards,
         dtype=dtype,
-        compressors=compressors,
+        compressors=(compressors, Crc32cCodec()),  # checksum: torn or corrupted reads fail loudly
         fill_value=0,
     )
 
