@@ -1,0 +1,106 @@
+"""The Robot protocol: the one seam between control code and a robot, simulated or real.
+
+    spec                      joint names in action order, limits, grippers, cameras, rate
+    connect()                 open the connection (sim: build renderers; real: start transports)
+    observe() -> Observation  joint positions (grippers normalised 0..1), velocities, camera frames,
+                              each with the time it was captured
+    act(action) -> executed   send a 14-D absolute joint-position command; returns what was
+                              actually sent after clipping (what gets recorded, never the request)
+    close()
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import yaml
+
+from robo_rl.errors import ConfigError
+
+HARDWARE_DIR = Path(__file__).resolve().parents[2] / "hardware"
+
+
+@dataclass(frozen=True)
+class GripperSpec:
+    joint: str  # the finger joint it drives
+    closed: float  # finger position at gripper value 0
+    open: float  # finger position at gripper value 1
+
+    def to_finger(self, g: np.ndarray | float) -> np.ndarray | float:
+        return self.closed + np.asarray(g) * (self.open - self.closed)
+
+    def from_finger(self, q: np.ndarray | float) -> np.ndarray | float:
+        return (np.asarray(q) - self.closed) / (self.open - self.closed)
+
+
+@dataclass(frozen=True)
+class CameraSpec:
+    name: str
+    height: int
+    width: int
+
+
+@dataclass(frozen=True)
+class RobotSpec:
+    name: str
+    joint_names: tuple[str, ...]
+    lower: np.ndarray
+    upper: np.ndarray
+    grippers: dict[int, GripperSpec]  # action index -> gripper
+    cameras: tuple[CameraSpec, ...]
+    control_hz: float
+    home: np.ndarray
+
+    @property
+    def action_dim(self) -> int:
+        return len(self.joint_names)
+
+    def clip(self, action: np.ndarray) -> np.ndarray:
+        return np.clip(action, self.lower, self.upper)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> "RobotSpec":
+        path = Path(path)
+        if not path.is_file() and not path.suffix:
+            path = HARDWARE_DIR / f"{path}.yaml"
+        if not path.is_file():
+            raise ConfigError(f"robot description {path} not found (robots are hardware/<name>.yaml)")
+        d = yaml.safe_load(path.read_text())
+        try:
+            joints = d["joints"]
+            names = tuple(j["name"] for j in joints)
+            lower = np.array([float(j["lower"]) for j in joints], dtype=np.float32)
+            upper = np.array([float(j["upper"]) for j in joints], dtype=np.float32)
+            grippers = {i: GripperSpec(**j["gripper"]) for i, j in enumerate(joints) if "gripper" in j}
+            cams = tuple(CameraSpec(c["name"], int(c["height"]), int(c["width"])) for c in d.get("cameras", []))
+            home = np.array(d.get("home", (lower + upper) / 2), dtype=np.float32)
+            spec = cls(d["name"], names, lower, upper, grippers, cams, float(d["control_hz"]), home)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ConfigError(f"{path}: malformed robot description ({type(e).__name__}: {e})") from None
+        if (lower > upper).any() or len(home) != len(names):
+            raise ConfigError(f"{path}: limits or home pose inconsistent with {len(names)} joints")
+        return spec
+
+
+@dataclass
+class Observation:
+    qpos: np.ndarray  # (n,) float32, action order, grippers normalised
+    qvel: np.ndarray  # (n,) float32
+    images: dict[str, np.ndarray] = field(default_factory=dict)  # camera -> uint8 HWC RGB
+    timestamp: float = 0.0  # capture time, seconds
+
+
+@runtime_checkable
+class Robot(Protocol):
+    spec: RobotSpec
+
+    def connect(self) -> None: ...
+
+    def observe(self) -> Observation: ...
+
+    def act(self, action: np.ndarray) -> np.ndarray: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,148 @@
+"""SimRobot: the MuJoCo twin behind the Robot protocol, so everything that runs on the real arms
+runs here unchanged. Physics at 500 Hz (sim/aloha.xml), commands at the spec's rate (50 Hz)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Sequence
+
+import mujoco
+import numpy as np
+
+from robo_rl.errors import ConfigError, RoboRLError
+from robo_rl.hardware.robot import Observation, RobotSpec
+
+SIM_DIR = Path(__file__).resolve().parents[2] / "sim"
+
+
+class SimRobot:
+    """Implements robo_rl.hardware.robot.Robot. `model` and `data` are public for tasks and the
+    simulated operator, which need privileged state; control code should use only the protocol."""
+
+    def __init__(
+        self,
+        scene: str | Path = "aloha.xml",
+        robot: str | Path = "aloha",
+        cameras: Sequence[str] | None = None,
+        image_size: tuple[int, int] = (240, 320),
+        realtime: bool = False,
+    ):
+        path = Path(scene)
+        if not path.is_absolute():
+            path = SIM_DIR / path
+        if not path.is_file():
+            raise ConfigError(f"scene {path} not found (scenes live in sim/)")
+        self.model = mujoco.MjModel.from_xml_path(str(path))
+        self.data = mujoco.MjData(self.model)
+        self.spec = RobotSpec.from_yaml(robot)
+        dt = self.model.opt.timestep
+        self.substeps = int(round(1.0 / (self.spec.control_hz * dt)))
+        if abs(self.substeps * dt * self.spec.control_hz - 1.0) > 1e-6:
+            raise ConfigError(f"{path}: timestep {dt} does not divide the control period 1/{self.spec.control_hz}")
+        # Where each action dimension lives in qpos / qvel / ctrl.
+        joint_of = [self.spec.grippers[i].joint if i in self.spec.grippers else n for i, n in enumerate(self.spec.joint_names)]
+        try:
+            self._qadr = np.array([self.model.joint(j).qposadr[0] for j in joint_of])
+            self._vadr = np.array([self.model.joint(j).dofadr[0] for j in joint_of])
+            self._act = np.array([self.model.actuator(n).id for n in self.spec.joint_names])
+        except KeyError as e:
+            raise ConfigError(f"{path}: has no joint or actuator {e} that {self.spec.name}.yaml names") from None
+        self._grip_idx = np.array(sorted(self.spec.grippers), dtype=int)
+        self._grip_closed = np.array([self.spec.grippers[i].closed for i in self._grip_idx])
+        self._grip_span = np.array([self.spec.grippers[i].open - self.spec.grippers[i].closed for i in self._grip_idx])
+        self.cameras = list(cameras) if cameras is not None else [c.name for c in self.spec.cameras]
+        for cam in self.cameras:
+            if mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_CAMERA, cam) < 0:
+                raise ConfigError(f"{path}: no camera '{cam}'")
+        self.image_size = tuple(image_size)
+        self.realtime = realtime
+        self._renderer: mujoco.Renderer | None = None
+        self._next_tick: float | None = None
+        self.reset()
+
+    # ------------------------------------------------------------------ Robot protocol
+    def connect(self) -> None:
+        if self.cameras and self._renderer is None:
+            h, w = self.image_size
+            self._renderer = mujoco.Renderer(self.model, h, w)
+
+    def observe(self) -> Observation:
+        q = self.joint_positions()
+        v = self.data.qvel[self._vadr].astype(np.float32)
+        v[self._grip_idx] /= self._grip_span
+        return Observation(qpos=q, qvel=v, images=self.render(), timestamp=float(self.data.time))
+
+    def act(self, action: np.ndarray) -> np.ndarray:
+        a = np.asarray(action, dtype=np.float64).reshape(-1)
+        if a.shape != (self.spec.action_dim,):
+            raise RoboRLError(f"SimRobot.act: action has shape {a.shape}, expected ({self.spec.action_dim},)")
+        if not np.isfinite(a).all():
+            raise RoboRLError(f"SimRobot.act: action holds NaN/inf at index {int(np.argmax(~np.isfinite(a)))}")
+        executed = np.clip(a, self.spec.lower, self.spec.upper)
+        self.data.ctrl[self._act] = self._to_ctrl(executed)
+        mujoco.mj_step(self.model, self.data, nstep=self.substeps)
+        if self.realtime:
+            self._pace()
+        return executed.astype(np.float32)
+
+    def close(self) -> None:
+        if self._renderer is not None:
+            self._renderer.close()
+            self._renderer = None
+
+    # ------------------------------------------------------------------ sim-only
+    def reset(self, qpos: np.ndarray | None = None) -> None:
+        """Arms to `qpos` (action units; default the spec's home pose), everything else to the
+        scene's initial state. Tasks place their objects after this."""
+        mujoco.mj_resetData(self.model, self.data)
+        target = self.spec.home if qpos is None else np.asarray(qpos, dtype=np.float64)
+        self.set_joint_positions(target)
+        self._next_tick = None
+
+    def set_joint_positions(self, qpos: np.ndarray) -> None:
+        """Teleport the arms (and their commands) to `qpos`, action units."""
+        ctrl = self._to_ctrl(np.asarray(qpos, dtype=np.float64))
+        self.data.qpos[self._qadr] = ctrl
+        for i in self._grip_idx:  # the mirrored finger follows its equality constraint
+            mirror = self.spec.grippers[i].joint + "_mirror"
+            jid = mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_JOINT, mirror)
+            if jid >= 0:
+                self.data.qpos[self.model.jnt_qposadr[jid]] = ctrl[i]
+        self.data.qvel[:] = 0
+        self.data.ctrl[self._act] = ctrl
+        mujoco.mj_forward(self.model, self.data)
+
+    def render(self) -> dict[str, np.ndarray]:
+        if not self.cameras:
+            return {}
+        self.connect()
+        out = {}
+        for cam in self.cameras:
+            self._renderer.update_scene(self.data, cam)
+            out[cam] = self._renderer.render()
+        return out
+
+    def joint_positions(self) -> np.ndarray:
+        """Joint positions in action units (grippers normalised), without rendering."""
+        q = self.data.qpos[self._qadr].astype(np.float32)
+        q[self._grip_idx] = (q[self._grip_idx] - self._grip_closed) / self._grip_span
+        return q
+
+    @property
+    def time(self) -> float:
+        return float(self.data.time)
+
+    def _to_ctrl(self, action: np.ndarray) -> np.ndarray:
+        ctrl = np.array(action, dtype=np.float64)
+        ctrl[self._grip_idx] = self._grip_closed + ctrl[self._grip_idx] * self._grip_span
+        return ctrl
+
+    def _pace(self) -> None:
+        period = 1.0 / self.spec.control_hz
+        now = time.perf_counter()
+        self._next_tick = (self._next_tick or now) + period
+        if self._next_tick > now:
+            time.sleep(self._next_tick - now)
+        else:
+            self._next_tick = now

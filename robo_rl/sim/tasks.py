@@ -1,0 +1,181 @@
+"""The twin's tasks: scene, randomised reset, stage (sub-task index), success, and a scripted
+expert that plans from the current state, so it can also finish a task someone else started
+(the simulated operator's corrections)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import mujoco
+import numpy as np
+
+from robo_rl.sim.expert import ExpertNoise, Pose, ScriptedExpert, Segment, approach_offset
+from robo_rl.sim.ik import rotation
+from robo_rl.sim.robot import SimRobot
+
+TABLE_Z = 0.0
+
+
+class Task(Protocol):
+    name: str
+    scene: str
+    max_steps: int
+    stage_names: tuple[str, ...]  # stage k is reached when sub-task k-1 is done; success = last
+
+    def reset(self, robot: SimRobot, rng: np.random.Generator) -> None: ...
+
+    def state(self, robot: SimRobot) -> np.ndarray: ...
+
+    def stage(self, robot: SimRobot) -> int: ...
+
+    def expert(self, robot: SimRobot, rng: np.random.Generator, noise: ExpertNoise | None = None) -> ScriptedExpert: ...
+
+
+# ---------------------------------------------------------------------- helpers on the scene
+def body_pos(robot: SimRobot, name: str) -> np.ndarray:
+    return robot.data.body(name).xpos.copy()
+
+
+def body_yaw(robot: SimRobot, name: str) -> float:
+    m = robot.data.body(name).xmat.reshape(3, 3)
+    return float(np.arctan2(m[1, 0], m[0, 0]))
+
+
+def set_free_body(robot: SimRobot, joint: str, pos: np.ndarray, yaw: float) -> None:
+    adr = robot.model.joint(joint).qposadr[0]
+    robot.data.qpos[adr:adr + 3] = pos
+    robot.data.qpos[adr + 3:adr + 7] = [np.cos(yaw / 2), 0, 0, np.sin(yaw / 2)]
+    dadr = robot.model.joint(joint).dofadr[0]
+    robot.data.qvel[dadr:dadr + 6] = 0
+    mujoco.mj_forward(robot.model, robot.data)
+
+
+def free_body_state(robot: SimRobot, joint: str) -> np.ndarray:
+    adr = robot.model.joint(joint).qposadr[0]
+    return robot.data.qpos[adr:adr + 7].astype(np.float32)
+
+
+def touching(robot: SimRobot, geom: str, others: set[int]) -> bool:
+    gid = robot.model.geom(geom).id
+    d = robot.data
+    for i in range(d.ncon):
+        c = d.contact[i]
+        if (c.geom1 == gid and c.geom2 in others) or (c.geom2 == gid and c.geom1 in others):
+            return True
+    return False
+
+
+def finger_geoms(robot: SimRobot, arm: str) -> tuple[set[int], set[int]]:
+    """(finger pad geoms, mirrored pad geoms) of one arm."""
+    m = robot.model
+    a = {m.body_geomadr[m.body(f"{arm}_finger").id]}
+    b = {m.body_geomadr[m.body(f"{arm}_finger_mirror").id]}
+    return a, b
+
+
+def grasped(robot: SimRobot, geom: str, arm: str) -> bool:
+    """Both fingers of `arm` touch `geom`."""
+    a, b = finger_geoms(robot, arm)
+    return touching(robot, geom, a) and touching(robot, geom, b)
+
+
+def touching_any_finger(robot: SimRobot, geom: str, arm: str) -> bool:
+    a, b = finger_geoms(robot, arm)
+    return touching(robot, geom, a | b)
+
+
+def face_aligned(robot: SimRobot, body: str, approach: np.ndarray, squeeze_near: np.ndarray) -> np.ndarray:
+    """Gripper rotation approaching along `approach` whose fingers squeeze the body's pair of
+    faces whose normal is nearest `squeeze_near`: follows an object that tilted in a grasp."""
+    m = robot.data.body(body).xmat.reshape(3, 3)
+    normals = [m[:, i] * np.sign(m[:, i] @ squeeze_near or 1.0) for i in range(3)]
+    y = max(normals, key=lambda n: float(n @ squeeze_near))
+    return rotation(np.asarray(approach, dtype=np.float64) - y * (y @ approach), y)
+
+
+def topdown(yaw: float, current_y: np.ndarray) -> np.ndarray:
+    """Top-down grasp rotation for an object of this yaw: fingers slide across two opposite
+    faces, choosing among the 4 equivalent ways the one nearest the gripper's current y axis."""
+    cands = [np.array([np.cos(yaw + k * np.pi / 2), np.sin(yaw + k * np.pi / 2), 0.0]) for k in range(4)]
+    y = max(cands, key=lambda c: float(c @ current_y))
+    return rotation([0, 0, -1], y)
+
+
+# ---------------------------------------------------------------------- TransferCube
+@dataclass
+class TransferCube:
+    """The right arm picks up a cube and hands it to the left arm (ALOHA's transfer-cube)."""
+
+    name: str = "transfer_cube"
+    scene: str = "transfer_cube.xml"
+    max_steps: int = 400
+    stage_names: tuple[str, ...] = ("reach", "lifted_by_right", "touched_by_left", "held_by_left")
+    meet: tuple[float, float, float] = (0.0, 0.0, 0.22)  # cube centre at the handover
+    x_range: tuple[float, float] = (0.05, 0.18)
+    y_range: tuple[float, float] = (-0.12, 0.12)
+    yaw_range: tuple[float, float] = (-0.5, 0.5)
+
+    def reset(self, robot: SimRobot, rng: np.random.Generator) -> None:
+        pos = np.array([rng.uniform(*self.x_range), rng.uniform(*self.y_range), 0.02])
+        set_free_body(robot, "cube", pos, rng.uniform(*self.yaw_range))
+
+    def state(self, robot: SimRobot) -> np.ndarray:
+        return free_body_state(robot, "cube")
+
+    def stage(self, robot: SimRobot) -> int:
+        z = body_pos(robot, "cube")[2]
+        left = grasped(robot, "cube", "left")
+        right_touch = touching_any_finger(robot, "cube", "right")
+        if left and not right_touch and z > 0.08:
+            return 3
+        if left and z > 0.08:
+            return 2
+        if grasped(robot, "cube", "right") and z > 0.04:
+            return 1
+        return 0
+
+    def expert(self, robot: SimRobot, rng: np.random.Generator, noise: ExpertNoise | None = None) -> ScriptedExpert:
+        noise = noise or ExpertNoise()
+        stage = self.stage(robot)
+        cube = body_pos(robot, "cube")
+        yaw = body_yaw(robot, "cube")
+        _, r_rot = ScriptedExpert.site_pose(robot, "right")
+        down = topdown(yaw, r_rot[:, 1])
+        meet = np.array(self.meet)
+        right_hand = rotation([-1, 0, 0], [0, 1, 0])  # pointing at the left arm, fingers across y
+        left_hand = rotation([1, 0, 0], [0, 0, 1])  # pointing at the right arm, fingers across z
+        grasp_z = 0.032  # ee between the fingertips, 12 mm above the cube centre
+        o1, o2 = approach_offset(rng, noise), approach_offset(rng, noise)
+        segs: list[Segment] = []
+        if stage == 0:
+            segs += [
+                Segment("approach", 1.0, right=Pose(cube + [0, 0, 0.12] + o1 * [1, 1, 0], down, 1.0), stage=0),
+                Segment("descend", 0.7, right=Pose(np.array([cube[0], cube[1], grasp_z]) + o1 * [1, 1, 0.5], down, 1.0), stage=0),
+                Segment("grasp", 0.4, right=lambda: ScriptedExpert.hold(robot, "right", grip=0.0), stage=0),
+            ]
+        if stage <= 1:
+            segs += [
+                Segment("lift", 1.2, right=Pose(meet + [0.012, 0, 0], right_hand, 0.0),
+                        left=Pose(meet + [-0.12, 0, 0] + o2, left_hand, 1.0), stage=1),
+            ]
+        segs += [
+            Segment("reach", 0.8, left=lambda: Pose(body_pos(robot, "cube") + [-0.005, 0, 0] + o2 * [0, 0.5, 0.5],
+                                                    face_aligned(robot, "cube", [1, 0, 0], [0, 0, 1]), 1.0), stage=2),
+            Segment("close", 0.5, left=lambda: ScriptedExpert.hold(robot, "left", grip=0.0), stage=2),
+            Segment("release", 0.5, right=lambda: ScriptedExpert.hold(robot, "right", grip=1.0), stage=2),
+            Segment("retreat", 0.8, right=lambda: ScriptedExpert.moved(robot, "right", [0.1, 0, 0.02], grip=1.0),
+                    left=lambda: ScriptedExpert.moved(robot, "left", [-0.03, 0, 0.03], grip=0.0), stage=2),
+        ]
+        return ScriptedExpert(robot, segs, rng, noise)
+
+
+TASKS = {"transfer_cube": TransferCube}
+
+
+def make_task(name: str) -> Task:
+    from robo_rl.errors import ConfigError
+
+    if name not in TASKS:
+        raise ConfigError(f"task {name!r} unknown; tasks are {sorted(TASKS)}")
+    return TASKS[name]()
