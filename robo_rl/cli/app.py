@@ -18,6 +18,7 @@ EXIT_USER_ERROR = 2
 
 def setup_logging(level: int = logging.INFO) -> None:
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr, force=True)
+    logging.getLogger("OpenGL").setLevel(logging.WARNING)
 
 
 def run_app(verb: str, config_name: str, task: Callable[[DictConfig], int | None], argv: list[str]) -> int:

@@ -10,6 +10,7 @@ from robo_rl import __version__
 # verb -> (module, one-line summary). A verb appears here once it works end to end.
 VERBS: dict[str, tuple[str, str]] = {
     "demo": ("robo_rl.cli.demo", "the main job: the newest end-to-end story (make demo)"),
+    "collect": ("robo_rl.cli.collect", "record scripted expert demos of a task in the MuJoCo twin"),
     "dataset": ("robo_rl.cli.dataset", "inspect, check, repair, merge, filter and delete episode stores"),
 }
 

@@ -1,0 +1,133 @@
+"""Gymnasium envs of the twin's tasks: 14-D absolute joint-position actions at 50 Hz.
+
+Observation modes (a Dict space):
+    state         qpos (14), qvel (14), env_state (the task's object poses: privileged)
+    pixels        qpos (14), images {camera: uint8 HxWx3}
+    state+pixels  all of the above
+`info` carries `stage` (sub-task index reached), `success` and `executed_action`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from robo_rl.errors import ConfigError
+from robo_rl.sim.expert import ExpertNoise, ScriptedExpert
+from robo_rl.sim.robot import SimRobot
+from robo_rl.sim.tasks import make_task
+
+OBS_MODES = ("state", "pixels", "state+pixels")
+
+
+class BimanualEnv(gym.Env):
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 50}
+
+    def __init__(
+        self,
+        task: str = "transfer_cube",
+        obs_mode: str = "state",
+        cameras: Sequence[str] = ("top",),
+        image_size: tuple[int, int] = (240, 320),
+        render_mode: str | None = None,
+        max_steps: int | None = None,
+    ):
+        if obs_mode not in OBS_MODES:
+            raise ConfigError(f"obs_mode {obs_mode!r} unknown; choose one of {OBS_MODES}")
+        self.task = make_task(task)
+        self.obs_mode = obs_mode
+        pixels = "pixels" in obs_mode
+        render_cams = list(cameras) if pixels else (["top"] if render_mode == "rgb_array" else [])
+        self.robot = SimRobot(self.task.scene, cameras=render_cams, image_size=image_size)
+        self.render_mode = render_mode
+        self.max_steps = max_steps or self.task.max_steps
+        spec = self.robot.spec
+        n = spec.action_dim
+        self.action_space = spaces.Box(spec.lower, spec.upper, dtype=np.float32)
+        obs: dict[str, spaces.Space] = {"qpos": spaces.Box(-np.inf, np.inf, (n,), np.float32)}
+        if "state" in obs_mode:
+            k = len(self.task.state(self.robot))
+            obs["qvel"] = spaces.Box(-np.inf, np.inf, (n,), np.float32)
+            obs["env_state"] = spaces.Box(-np.inf, np.inf, (k,), np.float32)
+        if pixels:
+            h, w = image_size
+            obs["images"] = spaces.Dict({c: spaces.Box(0, 255, (h, w, 3), np.uint8) for c in cameras})
+        self.observation_space = spaces.Dict(obs)
+        self._pixels = pixels
+        self._steps = 0
+        self._max_stage = 0
+
+    def _obs(self) -> dict[str, Any]:
+        r = self.robot
+        out: dict[str, Any] = {"qpos": r.joint_positions()}
+        if "state" in self.obs_mode:
+            out["qvel"] = r.data.qvel[r._vadr].astype(np.float32)
+            out["env_state"] = self.task.state(r)
+        if self._pixels:
+            out["images"] = r.render()
+        return out
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self.robot.reset()
+        self.task.reset(self.robot, self.np_random)
+        self._steps = 0
+        self._max_stage = 0
+        return self._obs(), {"stage": 0, "success": False}
+
+    def step(self, action: np.ndarray):
+        executed = self.robot.act(action)
+        self._steps += 1
+        stage = self.task.stage(self.robot)
+        self._max_stage = max(self._max_stage, stage)
+        success = stage == len(self.task.stage_names) - 1
+        info = {"stage": stage, "max_stage": self._max_stage, "success": success, "executed_action": executed}
+        return self._obs(), float(success), success, self._steps >= self.max_steps, info
+
+    def render(self) -> np.ndarray | None:
+        if self.render_mode != "rgb_array":
+            return None
+        frames = self.robot.render()
+        return frames.get("top", next(iter(frames.values()), None))
+
+    def expert(self, noise: ExpertNoise | None = None) -> ScriptedExpert:
+        """The task's scripted expert, planned from the current state."""
+        return self.task.expert(self.robot, self.np_random, noise)
+
+    def sim_state(self) -> np.ndarray:
+        """Full physics state (for replay from a recorded initial state)."""
+        d = self.robot.data
+        return np.concatenate([[d.time], d.qpos, d.qvel, d.act, d.ctrl]).astype(np.float64)
+
+    def set_sim_state(self, state: np.ndarray) -> None:
+        import mujoco
+
+        m, d = self.robot.model, self.robot.data
+        state = np.asarray(state, dtype=np.float64)
+        expected = 1 + m.nq + m.nv + m.na + m.nu
+        if state.shape != (expected,):
+            raise ConfigError(f"sim state has {state.shape[0]} values, this scene needs {expected}")
+        i = 1
+        d.time = state[0]
+        for arr, n in ((d.qpos, m.nq), (d.qvel, m.nv), (d.act, m.na), (d.ctrl, m.nu)):
+            arr[:] = state[i:i + n]
+            i += n
+        mujoco.mj_forward(m, d)
+
+    def close(self) -> None:
+        self.robot.close()
+
+
+TASK_IDS = {"transfer_cube": "robo_rl/TransferCube-v0"}
+
+
+def register_envs() -> None:
+    for task, env_id in TASK_IDS.items():
+        if env_id not in gym.registry:
+            gym.register(id=env_id, entry_point="robo_rl.sim.envs:BimanualEnv", kwargs={"task": task})
+
+
+register_envs()
