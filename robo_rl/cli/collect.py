@@ -11,7 +11,7 @@ from tqdm import tqdm
 
 from robo_rl.cli.app import run_app
 from robo_rl.cli.tables import print_table
-from robo_rl.data.schema import EpisodeMeta, Schema
+from robo_rl.data.schema import EpisodeMeta
 from robo_rl.data.store import EpisodeStore
 from robo_rl.errors import ConfigError
 
@@ -20,19 +20,8 @@ def main(argv: list[str]) -> int:
     return run_app("collect", "collect", run, argv)
 
 
-def demo_schema(env, cameras: list[str], image_size: tuple[int, int], fps: float) -> Schema:
-    n = env.action_space.shape[0]
-    keys = {
-        "obs/qpos": ((n,), "float32"),
-        "obs/qvel": ((n,), "float32"),
-        "obs/env_state": (env.observation_space["env_state"].shape, "float32"),
-        "action": ((n,), "float32"),
-    }
-    keys.update({f"obs/images/{c}": ((*image_size, 3), "uint8") for c in cameras})
-    return Schema.build(keys, fps=fps, robot=env.robot.spec.name)
-
-
 def run(cfg: DictConfig) -> int:
+    from robo_rl.sim.collect_schema import demo_schema
     from robo_rl.sim.envs import BimanualEnv
     from robo_rl.sim.expert import ExpertNoise
 
@@ -43,7 +32,7 @@ def run(cfg: DictConfig) -> int:
     cameras = list(cfg.cameras or [])
     size = tuple(cfg.image_size)
     env = BimanualEnv(cfg.task, obs_mode="state+pixels" if cameras else "state", cameras=cameras or ("top",), image_size=size)
-    schema = demo_schema(env, cameras, size, env.robot.spec.control_hz)
+    schema = demo_schema(env, cameras, size)
     out = Path(cfg.out)
     if (out / "zarr.json").exists() and not cfg.overwrite:
         store = EpisodeStore.open(out, mode="a")

@@ -1,8 +1,9 @@
-"""robo-rl demo: record -> inspect -> sample, on a simulated bimanual teleop stream.
+"""robo-rl demo: the newest end-to-end story. Today: teleop in the twin -> record -> inspect -> sample.
 
-Grows with the project; for now it exercises the episode store end to end the way a robot
-would: a fixed-rate loop hands steps to the background Recorder, the store is validated, and
-training windows are drawn from it.
+The TransferCube scripted expert (the twin's stand-in for a human on the leader arms) drives the
+MuJoCo twin at a fixed 50 Hz; each step goes to the background Recorder, which never blocks the
+loop; the store is validated and training windows are drawn from it. Grows with the project
+(policies, RaC) as those land.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from robo_rl.cli.app import run_app
 from robo_rl.cli.tables import human_bytes, print_table
 from robo_rl.data.recorder import Recorder
 from robo_rl.data.sampler import WindowSampler, split_episodes
-from robo_rl.data.schema import EpisodeMeta, Schema
+from robo_rl.data.schema import EpisodeMeta
 from robo_rl.data.stats import get_stats
 from robo_rl.data.store import EpisodeStore
 from robo_rl.errors import ConfigError
@@ -28,58 +29,40 @@ def main(argv: list[str]) -> int:
     return run_app("demo", "demo", run, argv)
 
 
-class TeleopStream:
-    """Two arms moving smoothly (6 joints + gripper each) and two cameras that see them move."""
-
-    def __init__(self, cfg: DictConfig, rng: np.random.Generator):
-        self.rng = rng
-        self.freq = rng.uniform(0.2, 0.6, 14)
-        self.phase = rng.uniform(0, 2 * np.pi, 14)
-        h, w = cfg.height, cfg.width
-        yy, xx = np.mgrid[0:h, 0:w]
-        base = np.stack([xx * 255 // max(w - 1, 1), yy * 255 // max(h - 1, 1), np.full_like(xx, 90)], -1)
-        self.background = base.astype(np.uint8)
-        self.cameras = list(cfg.cameras)
-
-    def step(self, t: float) -> tuple[dict, np.ndarray]:
-        q = (0.6 * np.sin(2 * np.pi * self.freq * t + self.phase)).astype(np.float32)
-        action = (q + 0.02 * self.rng.standard_normal(14)).astype(np.float32)
-        obs = {"obs/qpos": q}
-        shift = int(40 * np.sin(t))
-        for i, cam in enumerate(self.cameras):
-            obs[f"obs/images/{cam}"] = np.roll(self.background, shift * (i + 1), axis=1)
-        obs["action"] = action
-        return obs, q
-
-
 def run(cfg: DictConfig) -> int:
-    if cfg.episodes < 1 or cfg.seconds <= 0:
-        raise ConfigError(f"demo: episodes must be >= 1 and seconds > 0, got {cfg.episodes} and {cfg.seconds}")
+    if cfg.episodes < 1:
+        raise ConfigError(f"demo: episodes must be >= 1, got {cfg.episodes}")
+    from robo_rl.sim.collect_schema import demo_schema
+    from robo_rl.sim.envs import BimanualEnv
+
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     store_path = out / "store"
-    keys = {"obs/qpos": ((14,), "float32"), "action": ((14,), "float32")}
-    keys.update({f"obs/images/{c}": ((cfg.height, cfg.width, 3), "uint8") for c in cfg.cameras})
-    schema = Schema.build(keys, fps=cfg.fps, robot="aloha_sim_stream")
-    rng = np.random.default_rng(cfg.seed)
-    stream = TeleopStream(cfg, rng)
+    cameras = list(cfg.cameras)
+    env = BimanualEnv(cfg.task, obs_mode="state+pixels", cameras=cameras, image_size=(cfg.height, cfg.width))
+    schema = demo_schema(env, cameras, (cfg.height, cfg.width))
+    fps = env.robot.spec.control_hz
 
-    # 1. record: a fixed-rate loop hands each step to the Recorder and never waits on disk
-    steps = int(cfg.seconds * cfg.fps)
-    dt = 1.0 / cfg.fps
-    late = 0
+    # 1. teleop in the twin: a fixed-rate loop hands each step to the Recorder, never waits on disk
+    dt = 1.0 / fps
+    late = successes = 0
     t_start = time.perf_counter()
     with Recorder(store_path, schema, overwrite=True) as rec:
-        bar = tqdm(total=cfg.episodes * steps, desc="record", unit="step")
+        bar = tqdm(total=cfg.episodes, desc=f"teleop {cfg.task} in the twin at {fps:g} Hz", unit="ep")
         tick = time.perf_counter()
         for ep in range(cfg.episodes):
-            rec.start_episode(EpisodeMeta(task="demo_stream", source="teleop", operator="sim"))
-            for k in range(steps):
-                t = ep * cfg.seconds + k * dt
-                step, _ = stream.step(t)
-                rec.add_step(step, timestamp=t, segment="TELEOP")
-                bar.update()
+            obs, _ = env.reset(seed=cfg.seed + ep)
+            expert = env.expert()
+            rec.start_episode(EpisodeMeta(task=cfg.task, source="teleop", operator="scripted_expert",
+                                          extra={"seed": cfg.seed + ep, "init_state": env.sim_state().tolist()}))
+            for k in range(env.max_steps):
+                prev = obs
+                obs, _, terminated, truncated, info = env.step(expert.act())
+                step = {"obs/qpos": prev["qpos"], "obs/qvel": prev["qvel"], "obs/env_state": prev["env_state"],
+                        "action": info["executed_action"]}
+                step.update({f"obs/images/{c}": prev["images"][c] for c in cameras})
+                rec.add_step(step, timestamp=k * dt, segment="TELEOP")
                 if cfg.realtime:
                     tick += dt
                     wait = tick - time.perf_counter()
@@ -87,14 +70,19 @@ def run(cfg: DictConfig) -> int:
                         time.sleep(wait)
                     else:
                         late += 1
-            rec.end_episode(success=bool(rng.random() < 0.75))
+                if terminated or truncated:
+                    break
+            successes += bool(info["success"])
+            rec.end_episode(success=bool(info["success"]))
+            bar.update()
         bar.close()
         t_close = time.perf_counter()
+    env.close()
     close_wait = time.perf_counter() - t_close
     rs = rec.stats()
-    print_table("recording (caller side)", ["measure", "value"], [
-        ("steps handed over", rs.steps),
-        ("episodes committed", rs.episodes_committed),
+    print_table("teleop in the twin, recorded in the background", ["measure", "value"], [
+        ("episodes / steps handed over", f"{rs.episodes_ended} / {rs.steps}"),
+        ("expert success", f"{successes}/{cfg.episodes}"),
         ("add_step blocked p50 / p99 / max", f"{rs.blocked_p50_ms:.3f} / {rs.blocked_p99_ms:.3f} / {rs.blocked_max_ms:.3f} ms"),
         ("end_episode blocked p99", f"{rs.end_p99_ms:.3f} ms"),
         ("ring full stalls", rs.stalls),
@@ -118,7 +106,7 @@ def run(cfg: DictConfig) -> int:
     # 3. sample training windows with normalisation statistics saved in the store
     stats = get_stats(store)
     train, val = split_episodes(store.n_episodes, 0.25, seed=cfg.seed)
-    obs_keys = ["obs/qpos"] + [f"obs/images/{c}" for c in cfg.cameras]
+    obs_keys = ["obs/qpos", "obs/env_state"] + [f"obs/images/{c}" for c in cameras]
     sampler = WindowSampler(store, obs_keys, n_obs=cfg.n_obs, horizon=cfg.horizon, episodes=train)
     batch = sampler.sample(cfg.batch_size, np.random.default_rng(cfg.seed))
     n, t0 = 0, time.perf_counter()
