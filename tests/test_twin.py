@@ -85,18 +85,19 @@ def test_same_seed_same_trajectory():
     assert not np.allclose(a, c)
 
 
-def test_env_passes_gymnasium_checks_in_every_mode():
+@pytest.mark.parametrize("env_id", ["robo_rl/TransferCube-v0", "robo_rl/Insertion-v0"])
+def test_env_passes_gymnasium_checks_in_every_mode(env_id):
     from gymnasium.utils.env_checker import check_env
 
     for mode in ("state", "pixels", "state+pixels"):
-        env = gym.make("robo_rl/TransferCube-v0", obs_mode=mode, cameras=["top", "left_wrist"], image_size=(32, 40))
+        env = gym.make(env_id, obs_mode=mode, cameras=["top", "left_wrist"], image_size=(32, 40))
         check_env(env.unwrapped, skip_render_check=True)
         obs, info = env.reset(seed=0)
         assert info["stage"] == 0 and env.observation_space.contains(obs)
         env.close()
 
 
-@pytest.mark.parametrize("task", ["transfer_cube"])
+@pytest.mark.parametrize("task", ["transfer_cube", "insertion"])
 def test_scripted_expert_succeeds_and_varies(task):
     env = BimanualEnv(task)
     wins, lengths = 0, []

@@ -121,7 +121,7 @@ class BimanualEnv(gym.Env):
         self.robot.close()
 
 
-TASK_IDS = {"transfer_cube": "robo_rl/TransferCube-v0"}
+TASK_IDS = {"transfer_cube": "robo_rl/TransferCube-v0", "insertion": "robo_rl/Insertion-v0"}
 
 
 def register_envs() -> None:

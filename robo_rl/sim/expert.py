@@ -39,6 +39,7 @@ class Segment:
     left: Target = None
     right: Target = None
     stage: int | None = None  # the task stage this segment works on (for operators and labels)
+    track: bool = False  # re-evaluate callable targets every tick (servo on where things are)
 
 
 @dataclass
@@ -102,6 +103,7 @@ class ScriptedExpert:
         for arm in ARMS:
             pos, rot = self.ik[arm].site_pose(robot.data.qpos)
             self._last[arm] = Pose(pos, rot, float(self.command[self._grip_index(arm)]))
+        self.ik_error = {arm: 0.0 for arm in ARMS}  # metres: how far the last IK solution missed
         self._seg = -1
         self._t = 0.0
         self._len = 0.0
@@ -172,13 +174,19 @@ class ScriptedExpert:
         self._t += self.dt
         s = min_jerk(self._t / self._len)
         qpos_full = self.robot.data.qpos.copy()
+        seg = self.segments[self._seg]
+        if seg.track:
+            for arm in ARMS:
+                target = getattr(seg, arm)
+                if callable(target):
+                    self._to[arm] = target()
         for arm in ARMS:
             a, b = self._from[arm], self._to[arm]
             pos = a.pos + s * (b.pos - a.pos)
             rot = _mat(_slerp(_quat(a.rot), _quat(b.rot), s))
             grip = a.grip + s * (b.grip - a.grip)
             sl = self._arm_slice(arm)
-            q, _ = self.ik[arm].solve(qpos_full, self.command[sl], pos, rot)
+            q, self.ik_error[arm] = self.ik[arm].solve(qpos_full, self.command[sl], pos, rot)
             self.command[sl] = q
             self.command[self._grip_index(arm)] = grip
             qpos_full[self.ik[arm].qadr] = q

@@ -23,7 +23,7 @@ class ArmIK:
     """IK from a site's target pose to the arm's 6 joint positions."""
 
     def __init__(self, model: mujoco.MjModel, prefix: str, site: str = "ee", damping: float = 1e-3,
-                 posture: float = 2e-3, nominal: np.ndarray | None = None):
+                 posture: float = 1e-5, nominal: np.ndarray | None = None):
         self.model = model
         self.scratch = mujoco.MjData(model)
         names = ["waist", "shoulder", "elbow", "forearm_roll", "wrist_angle", "wrist_rotate"]
