@@ -85,7 +85,7 @@ def test_same_seed_same_trajectory():
     assert not np.allclose(a, c)
 
 
-@pytest.mark.parametrize("env_id", ["robo_rl/TransferCube-v0", "robo_rl/Insertion-v0"])
+@pytest.mark.parametrize("env_id", ["robo_rl/TransferCube-v0", "robo_rl/Insertion-v0", "robo_rl/PackCube-v0"])
 def test_env_passes_gymnasium_checks_in_every_mode(env_id):
     from gymnasium.utils.env_checker import check_env
 
@@ -97,7 +97,7 @@ def test_env_passes_gymnasium_checks_in_every_mode(env_id):
         env.close()
 
 
-@pytest.mark.parametrize("task", ["transfer_cube", "insertion"])
+@pytest.mark.parametrize("task", ["transfer_cube", "insertion", "pack_cube"])
 def test_scripted_expert_succeeds_and_varies(task):
     env = BimanualEnv(task)
     wins, lengths = 0, []
@@ -132,3 +132,25 @@ def test_collect_writes_a_store_with_replayable_initial_states(tmp_path):
         env.set_sim_state(np.array(m.extra["init_state"]))
         assert np.allclose(env.robot.joint_positions(), ep["obs/qpos"][0], atol=1e-6)
         assert np.allclose(env.task.state(env.robot), ep["obs/env_state"][0], atol=1e-6)
+
+
+def test_pack_cube_stages_follow_the_sub_tasks_in_order():
+    """The long-horizon task passes through every stage in order on an expert run, and an expert
+    planned mid-task (as an operator's correction will be) starts from the stage it finds."""
+    env = BimanualEnv("pack_cube")
+    env.reset(seed=5)
+    expert = env.expert(ExpertNoise.none())
+    seen = []
+    for _ in range(env.max_steps):
+        _, _, term, trunc, info = env.step(expert.act())
+        if not seen or info["stage"] != seen[-1]:
+            seen.append(info["stage"])
+        if info["stage"] == 2 and not hasattr(env, "_replanned"):
+            env._replanned = True
+            expert = env.expert(ExpertNoise.none())  # re-plan from stage 2: lid, then latch
+            assert expert.segments[0].stage == 2 and expert.segments[0].name == "clear_right"
+        if term or trunc:
+            break
+    assert info["success"]
+    firsts = [s for i, s in enumerate(seen) if s not in seen[:i]]
+    assert firsts == [0, 1, 2, 3, 4, 5], seen

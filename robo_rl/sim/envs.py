@@ -121,7 +121,11 @@ class BimanualEnv(gym.Env):
         self.robot.close()
 
 
-TASK_IDS = {"transfer_cube": "robo_rl/TransferCube-v0", "insertion": "robo_rl/Insertion-v0"}
+TASK_IDS = {
+    "transfer_cube": "robo_rl/TransferCube-v0",
+    "insertion": "robo_rl/Insertion-v0",
+    "pack_cube": "robo_rl/PackCube-v0",
+}
 
 
 def register_envs() -> None:
