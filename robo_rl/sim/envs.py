@@ -93,9 +93,10 @@ class BimanualEnv(gym.Env):
         frames = self.robot.render()
         return frames.get("top", next(iter(frames.values()), None))
 
-    def expert(self, noise: ExpertNoise | None = None) -> ScriptedExpert:
-        """The task's scripted expert, planned from the current state."""
-        return self.task.expert(self.robot, self.np_random, noise)
+    def expert(self, noise: ExpertNoise | None = None, start_command: np.ndarray | None = None) -> ScriptedExpert:
+        """The task's scripted expert, planned from the current state (continuing from
+        `start_command`, the last command sent, when it takes over from someone else)."""
+        return self.task.expert(self.robot, self.np_random, noise, start_command)
 
     def sim_state(self) -> np.ndarray:
         """Full physics state (for replay from a recorded initial state)."""

@@ -90,7 +90,9 @@ class ScriptedExpert:
     """Plays segments on a SimRobot. Call `act()` once per control tick; `done` when finished."""
 
     def __init__(self, robot: SimRobot, segments: Sequence[Segment], rng: np.random.Generator,
-                 noise: ExpertNoise | None = None):
+                 noise: ExpertNoise | None = None, start_command: np.ndarray | None = None):
+        """`start_command`: the last command sent by whoever had control before (e.g. a policy
+        being taken over); the expert continues from it, so the commanded joints do not jump."""
         self.robot = robot
         self.rng = rng
         self.noise = noise or ExpertNoise()
@@ -98,10 +100,13 @@ class ScriptedExpert:
         self.segments = list(segments)
         self.speed = float(rng.uniform(*self.noise.speed))
         self.dt = 1.0 / robot.spec.control_hz
-        self.command = robot.joint_positions().astype(np.float64)
+        self.command = np.array(robot.joint_positions() if start_command is None else start_command, dtype=np.float64)
+        commanded = robot.data.qpos.copy()
+        for arm in ARMS:
+            commanded[self.ik[arm].qadr] = self.command[self._arm_slice(arm)]
         self._last: dict[str, Pose] = {}
         for arm in ARMS:
-            pos, rot = self.ik[arm].site_pose(robot.data.qpos)
+            pos, rot = self.ik[arm].site_pose(commanded)
             self._last[arm] = Pose(pos, rot, float(self.command[self._grip_index(arm)]))
         self.ik_error = {arm: 0.0 for arm in ARMS}  # metres: how far the last IK solution missed
         self._seg = -1

@@ -29,7 +29,10 @@ class Task(Protocol):
 
     def stage(self, robot: SimRobot) -> int: ...
 
-    def expert(self, robot: SimRobot, rng: np.random.Generator, noise: ExpertNoise | None = None) -> ScriptedExpert: ...
+    def expert(self, robot: SimRobot, rng: np.random.Generator, noise: ExpertNoise | None = None,
+               start_command: np.ndarray | None = None) -> ScriptedExpert: ...
+
+    def grasp_targets(self, stage: int) -> list[tuple[str, str]]: ...
 
 
 # ---------------------------------------------------------------------- helpers on the scene
@@ -123,6 +126,10 @@ class TransferCube:
     def state(self, robot: SimRobot) -> np.ndarray:
         return free_body_state(robot, "cube")
 
+    def grasp_targets(self, stage: int) -> list[tuple[str, str]]:
+        """(arm, geom) pairs that should be grasped while working on `stage`."""
+        return {0: [("right", "cube")], 1: [("right", "cube")], 2: [("left", "cube")]}.get(stage, [])
+
     def stage(self, robot: SimRobot) -> int:
         z = body_pos(robot, "cube")[2]
         left = grasped(robot, "cube", "left")
@@ -135,7 +142,8 @@ class TransferCube:
             return 1
         return 0
 
-    def expert(self, robot: SimRobot, rng: np.random.Generator, noise: ExpertNoise | None = None) -> ScriptedExpert:
+    def expert(self, robot: SimRobot, rng: np.random.Generator, noise: ExpertNoise | None = None,
+               start_command: np.ndarray | None = None) -> ScriptedExpert:
         noise = noise or ExpertNoise()
         stage = self.stage(robot)
         cube = body_pos(robot, "cube")
@@ -167,7 +175,7 @@ class TransferCube:
             Segment("retreat", 0.8, right=lambda: ScriptedExpert.moved(robot, "right", [0.1, 0, 0.02], grip=1.0),
                     left=lambda: ScriptedExpert.moved(robot, "left", [-0.03, 0, 0.03], grip=0.0), stage=2),
         ]
-        return ScriptedExpert(robot, segs, rng, noise)
+        return ScriptedExpert(robot, segs, rng, noise, start_command)
 
 
 TASKS = {"transfer_cube": TransferCube}
@@ -229,6 +237,9 @@ class Insertion:
         local = sock.xmat.reshape(3, 3).T @ (tip - sock.xpos)
         return bool(-self.socket_half_len < local[0] < self.socket_half_len and abs(local[1]) < 0.017 and abs(local[2]) < 0.017)
 
+    def grasp_targets(self, stage: int) -> list[tuple[str, str]]:
+        return [("right", "peg"), ("left", "socket_side_a")] if stage <= 2 else []
+
     def stage(self, robot: SimRobot) -> int:
         lifted = body_pos(robot, "peg")[2] > 0.05 and body_pos(robot, "socket")[2] > 0.05
         held = grasped(robot, "peg", "right") and self._socket_grasped(robot)
@@ -241,7 +252,8 @@ class Insertion:
             return 1
         return 0
 
-    def expert(self, robot: SimRobot, rng: np.random.Generator, noise: ExpertNoise | None = None) -> ScriptedExpert:
+    def expert(self, robot: SimRobot, rng: np.random.Generator, noise: ExpertNoise | None = None,
+               start_command: np.ndarray | None = None) -> ScriptedExpert:
         noise = noise or ExpertNoise()
         stage = self.stage(robot)
         peg, sock = body_pos(robot, "peg"), body_pos(robot, "socket")
@@ -276,7 +288,7 @@ class Insertion:
             Segment("insert", 1.2, right=lambda: self._peg_target(robot, depth=0.066), stage=2, track=True),
             Segment("settle", 0.3, right=lambda: ScriptedExpert.hold(robot, "right", 0.0), stage=2),
         ]
-        return ScriptedExpert(robot, segs, rng, noise)
+        return ScriptedExpert(robot, segs, rng, noise, start_command)
 
     def _peg_target(self, robot: SimRobot, depth: float) -> Pose:
         """Right-hand pose that puts the peg on the socket's axis with its tip `depth` metres past
@@ -358,6 +370,9 @@ class PackCube:
         a, b = finger_geoms(robot, "left")
         return body_pos(robot, "lid")[2] > 0.04 and touching(robot, "lid_handle", a) and touching(robot, "lid_handle", b)
 
+    def grasp_targets(self, stage: int) -> list[tuple[str, str]]:
+        return {0: [("right", "cube")], 1: [("right", "cube")], 2: [("left", "lid_handle")], 3: [("left", "lid_handle")]}.get(stage, [])
+
     def stage(self, robot: SimRobot) -> int:
         if self.cube_in_box(robot):
             if self.lid_seated(robot):
@@ -368,7 +383,8 @@ class PackCube:
         return 0
 
     # -- the expert, planned from whatever stage the scene is in
-    def expert(self, robot: SimRobot, rng: np.random.Generator, noise: ExpertNoise | None = None) -> ScriptedExpert:
+    def expert(self, robot: SimRobot, rng: np.random.Generator, noise: ExpertNoise | None = None,
+               start_command: np.ndarray | None = None) -> ScriptedExpert:
         noise = noise or ExpertNoise()
         stage = self.stage(robot)
         segs: list[Segment] = []
@@ -377,7 +393,7 @@ class PackCube:
         if stage <= 3:
             segs += self._lid_segments(robot, rng, noise, stage)
         segs += self._latch_segments(robot, rng, noise)
-        return ScriptedExpert(robot, segs, rng, noise)
+        return ScriptedExpert(robot, segs, rng, noise, start_command)
 
     def _cube_segments(self, robot, rng, noise, stage) -> list[Segment]:
         cube, yaw = body_pos(robot, "cube"), body_yaw(robot, "cube")

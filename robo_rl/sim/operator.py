@@ -1,0 +1,197 @@
+"""The simulated operator: the twin's stand-in for the human who intervenes during a policy
+rollout in RaC (ALGORITHMS.md §2).
+
+It watches with privileged state and takes over when failure looks imminent:
+- stage regressed: a sub-task that was done came undone (object dropped, lid knocked off);
+- no progress: the stage has not advanced for `patience_s` seconds;
+- grasp misaligned: a gripper the current sub-task needs has been closed for `grasp_s` seconds
+  without holding its object.
+- out of time: the episode nears its end with the task unfinished.
+Then it follows the RaC rules:
+1. RECOVERY: back to a familiar, in-distribution state for the sub-task already attempted: open
+   grippers that hold nothing useful, lift away, return to the sub-task's pre-grasp pose (the
+   first pose the demos' expert goes to for this stage).
+2. CORRECTION: complete the current sub-task with the expert, planned from where things are.
+3. END: when the sub-task is done (its stage advanced), the episode ends.
+
+Its interface is the one a human on a teleop device gets (issue 5 drives both): each tick
+`step(policy_action)` returns the action to execute and who produced it, and `events` records
+takeover (with time, stage, reason), recovery_done and correction_done.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from robo_rl.data.schema import Segment as Label
+from robo_rl.sim.expert import ExpertNoise, Pose, ScriptedExpert, Segment
+from robo_rl.sim.tasks import finger_geoms, touching
+
+WATCHING, RECOVERY, CORRECTION, DONE = "watching", "recovery", "correction", "done"
+
+
+@dataclass
+class OperatorConfig:
+    patience_s: float = 4.0  # no stage progress for this long -> take over
+    grasp_s: float = 0.6  # a needed gripper closed on nothing for this long -> take over
+    closed_below: float = 0.3  # gripper command under this counts as closed
+    regress: bool = True  # take over when a finished sub-task comes undone
+    lift_m: float = 0.08  # recovery: how far to lift away
+    end_margin_s: float = 5.0  # take over this long before the episode's time limit if unfinished
+    correction_timeout_s: float = 12.0  # give up a correction that has not finished by then
+    expert_noise: ExpertNoise = field(default_factory=ExpertNoise)
+
+
+@dataclass
+class Event:
+    step: int
+    time: float
+    kind: str  # takeover | recovery_done | correction_done | correction_timeout
+    stage: int
+    reason: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": self.step, "time": self.time, "kind": self.kind, "stage": self.stage, "reason": self.reason}
+
+
+class SimOperator:
+    """Watches a rollout of a BimanualEnv and intervenes; see the module docstring."""
+
+    def __init__(self, env, config: OperatorConfig | None = None, rng: np.random.Generator | None = None):
+        self.env = env.unwrapped if hasattr(env, "unwrapped") else env
+        self.cfg = config or OperatorConfig()
+        self.rng = rng or np.random.default_rng(0)
+        self.reset()
+
+    def reset(self) -> None:
+        self.phase = WATCHING
+        self.events: list[Event] = []
+        self._step = 0
+        self._max_stage = 0
+        self._stage_since = 0
+        self._closed_empty: dict[str, int] = {}
+        self._plan: ScriptedExpert | None = None
+        self._phase_start = 0
+        self._stage_at_takeover = 0
+        self._last_action: np.ndarray | None = None
+
+    # ------------------------------------------------------------------ the operator's interface
+    @property
+    def in_control(self) -> bool:
+        return self.phase in (RECOVERY, CORRECTION)
+
+    @property
+    def finished(self) -> bool:
+        """The intervention is over: under RaC the episode ends now."""
+        return self.phase == DONE
+
+    def step(self, policy_action: np.ndarray | None) -> tuple[np.ndarray, Label]:
+        """Called once per control tick before acting. Returns (action to execute, its label):
+        the policy's own action labelled POLICY while watching, the operator's while in control."""
+        stage = self.env.task.stage(self.env.robot)
+        if self.phase == WATCHING:
+            reason = self._failure(stage, policy_action)
+            if reason is not None:
+                self._take_over(stage, reason)
+        action, label = self._act(policy_action, stage)
+        self._last_action = np.asarray(action, dtype=np.float32)
+        self._step += 1
+        return self._last_action, label
+
+    # ------------------------------------------------------------------ detection
+    def _failure(self, stage: int, policy_action: np.ndarray | None) -> str | None:
+        env, cfg = self.env, self.cfg
+        dt = 1.0 / env.robot.spec.control_hz
+        if stage > self._max_stage:
+            self._max_stage, self._stage_since = stage, self._step
+        if cfg.regress and stage < self._max_stage:
+            return f"stage regressed from {env.task.stage_names[self._max_stage]} to {env.task.stage_names[stage]}"
+        if (self._step - self._stage_since) * dt > cfg.patience_s:
+            return f"no progress in {env.task.stage_names[stage]} for {cfg.patience_s:.1f} s"
+        if policy_action is not None:
+            for arm, geom in env.task.grasp_targets(stage):
+                grip = float(policy_action[env.robot.spec.joint_names.index(f"{arm}_gripper")])
+                a, b = finger_geoms(env.robot, arm)
+                holding = touching(env.robot, geom, a) and touching(env.robot, geom, b)
+                empty = grip < cfg.closed_below and not holding
+                self._closed_empty[arm] = self._closed_empty.get(arm, 0) + 1 if empty else 0
+                if self._closed_empty[arm] * dt > cfg.grasp_s:
+                    return f"{arm} gripper closed without holding {geom} (misaligned grasp)"
+        steps_left = env.max_steps - env._steps
+        if steps_left * dt < cfg.end_margin_s and stage < len(env.task.stage_names) - 1:
+            return f"{steps_left * dt:.1f} s left and the task is unfinished"
+        return None
+
+    # ------------------------------------------------------------------ intervention
+    def _take_over(self, stage: int, reason: str) -> None:
+        self.events.append(Event(self._step, self.env.robot.time, "takeover", stage, reason))
+        self._stage_at_takeover = stage
+        self.phase = RECOVERY
+        self._phase_start = self._step
+        self._plan = self._recovery_plan(stage)
+
+    def _recovery_plan(self, stage: int) -> ScriptedExpert:
+        """Open what holds nothing useful, lift away, go to the sub-task's pre-grasp pose."""
+        env, robot = self.env, self.env.robot
+        holding = {arm for arm, geom in env.task.grasp_targets(stage)
+                   if touching(robot, geom, finger_geoms(robot, arm)[0]) and touching(robot, geom, finger_geoms(robot, arm)[1])}
+        start = self._last_action if self._last_action is not None else robot.joint_positions()
+        reference: dict[str, Segment | None] = {}
+
+        def pregrasp(arm: str):
+            """Where the demos' expert goes first for this stage, planned when recovery gets there
+            (a dropped object may still be falling at takeover)."""
+            def target() -> Pose | None:
+                if "first" not in reference:
+                    plan = env.task.expert(robot, self.rng, ExpertNoise.none())
+                    reference["first"] = plan.segments[0] if plan.segments else None
+                first = reference["first"]
+                t = getattr(first, arm) if first is not None else None
+                return t() if callable(t) else t
+            return target
+
+        def release(arm: str):
+            return lambda: ScriptedExpert.hold(robot, arm, 0.0 if arm in holding else 1.0)
+
+        def lift(arm: str):
+            def target() -> Pose:
+                pos, rot = ScriptedExpert.site_pose(robot, arm)
+                return Pose(pos + [0, 0, self.cfg.lift_m], rot, 0.0 if arm in holding else 1.0)
+            return target
+
+        segs = [
+            Segment("recovery_release", 0.4, left=release("left"), right=release("right")),
+            Segment("recovery_lift", 0.8, left=lift("left"), right=lift("right")),
+            Segment("recovery_pregrasp", 1.0, left=pregrasp("left"), right=pregrasp("right")),
+        ]
+        return ScriptedExpert(robot, segs, self.rng, ExpertNoise.none(), start_command=start)
+
+    def _act(self, policy_action: np.ndarray | None, stage: int) -> tuple[np.ndarray, Label]:
+        env = self.env
+        if self.phase == WATCHING:
+            if policy_action is None:
+                raise ValueError("SimOperator.step: no policy action while the policy is in control")
+            return np.asarray(policy_action, dtype=np.float32), Label.POLICY
+        if self.phase == DONE:
+            return self._last_action, Label.CORRECTION
+        if self.phase == RECOVERY and self._plan.done:
+            self.events.append(Event(self._step, env.robot.time, "recovery_done", stage))
+            self.phase = CORRECTION
+            self._phase_start = self._step
+            self._stage_at_takeover = min(self._stage_at_takeover, stage)
+            self._plan = env.task.expert(env.robot, self.rng, self.cfg.expert_noise, start_command=self._last_action)
+        if self.phase == CORRECTION:
+            dt = 1.0 / env.robot.spec.control_hz
+            if stage > self._stage_at_takeover or self._plan.done:
+                self.events.append(Event(self._step, env.robot.time, "correction_done", stage))
+                self.phase = DONE
+                return self._last_action, Label.CORRECTION
+            if (self._step - self._phase_start) * dt > self.cfg.correction_timeout_s:
+                self.events.append(Event(self._step, env.robot.time, "correction_timeout", stage))
+                self.phase = DONE
+                return self._last_action, Label.CORRECTION
+            return self._plan.act(), Label.CORRECTION
+        return self._plan.act(), Label.RECOVERY

@@ -1,0 +1,93 @@
+"""The simulated operator on deliberately failing policies: takeover, RECOVERY, CORRECTION, end."""
+
+import numpy as np
+import pytest
+
+from robo_rl.data.schema import Segment
+from robo_rl.sim.envs import BimanualEnv
+from robo_rl.sim.expert import ExpertNoise
+from robo_rl.sim.operator import OperatorConfig, SimOperator
+
+ARM_JOINTS = [i for i in range(14) if i not in (6, 13)]
+
+
+def run(task, sabotage, seed=0, config=None, steps=None):
+    env = BimanualEnv(task)
+    env.reset(seed=seed)
+    policy = env.expert(ExpertNoise.none())
+    op = SimOperator(env, config, rng=np.random.default_rng(seed))
+    labels, actions, info = [], [], {}
+    for k in range(steps or env.max_steps):
+        a = sabotage(env, policy.act(), k)
+        act, label = op.step(a)
+        labels.append(label)
+        actions.append(act)
+        _, _, term, trunc, info = env.step(act)
+        if op.finished or term or trunc:
+            break
+    return env, op, labels, np.array(actions), info
+
+
+def open_right_gripper_mid_transfer(env, a, k):
+    if env.task.stage(env.robot) >= 1:
+        a = a.copy()
+        a[13] = 1.0
+    return a
+
+
+def test_dropped_cube_is_recovered_then_corrected_then_the_episode_ends():
+    env, op, labels, actions, info = run("transfer_cube", open_right_gripper_mid_transfer)
+    kinds = [e.kind for e in op.events]
+    assert kinds == ["takeover", "recovery_done", "correction_done"], op.events
+    assert "regressed" in op.events[0].reason
+    assert op.finished
+    # labels: POLICY, then RECOVERY, then CORRECTION, contiguous, in that order
+    order = [labels[0]] + [b for a, b in zip(labels, labels[1:]) if a != b]
+    assert order == [Segment.POLICY, Segment.RECOVERY, Segment.CORRECTION], order
+    # the correction completed the sub-task that failed: the cube is lifted by the right arm again
+    assert info["stage"] >= 1
+    # the takeover is smooth: the first operator command continues from the last policy command
+    first = labels.index(Segment.RECOVERY)
+    assert np.abs(actions[first] - actions[first - 1])[ARM_JOINTS].max() < 0.03
+
+
+def test_a_policy_that_stalls_is_taken_over_for_lack_of_progress():
+    frozen = {}
+
+    def stall(env, a, k):  # reaches for the cube, then freezes in mid-air
+        if k >= 40:
+            return frozen.setdefault("a", a)
+        return a
+
+    env, op, labels, _, info = run("transfer_cube", stall, config=OperatorConfig(patience_s=1.5))
+    assert op.events[0].kind == "takeover" and "no progress" in op.events[0].reason
+    assert op.events[0].time == pytest.approx(1.5, abs=0.05)  # patience counts from the last stage change (t = 0)
+    assert Segment.RECOVERY in labels and Segment.CORRECTION in labels
+    assert info["stage"] >= 1 and op.finished
+
+
+def test_a_grasp_closing_on_nothing_is_taken_over():
+    def grab_air(env, a, k):  # closes the right gripper high above the cube
+        a = a.copy()
+        if k >= 30:
+            a[13] = 0.0
+        return a
+
+    env, op, labels, _, info = run("transfer_cube", grab_air, config=OperatorConfig(grasp_s=0.5))
+    assert "misaligned grasp" in op.events[0].reason
+    assert op.finished and info["stage"] >= 1
+
+
+def test_long_horizon_lid_knocked_off_is_corrected():
+    """PackCube: the policy lets go of the lid in mid-air; the operator recovers and re-seats it."""
+    def drop_lid(env, a, k):
+        if env.task.stage(env.robot) == 3 and env.task.lid_lifted(env.robot):
+            a = a.copy()
+            a[6] = 1.0
+        return a
+
+    env, op, labels, _, info = run("pack_cube", drop_lid, seed=1)
+    assert op.events[0].kind == "takeover"
+    assert op.events[0].stage <= 2
+    assert op.finished
+    assert [e.kind for e in op.events][:2] == ["takeover", "recovery_done"]
