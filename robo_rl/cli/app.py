@@ -54,3 +54,15 @@ def run_app(verb: str, config_name: str, task: Callable[[DictConfig], int | None
 def quote_override_value(value: str) -> str:
     """Quote a free-form string (a path, a URL) so Hydra's override grammar takes it verbatim."""
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def run_store_app(verb: str, task: Callable[[DictConfig], int | None], argv: list[str]) -> int:
+    """Run a verb that acts on one store: `robo-rl VERB PATH k=v` reads as `robo-rl VERB dataset=PATH k=v`."""
+    positional = [a for a in argv if "=" not in a and not a.startswith("-")]
+    rest = [a for a in argv if a not in positional]
+    if len(positional) > 1:
+        print(f"error: {verb} takes one store, got {len(positional)}: {positional}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    if positional:
+        rest.append(f"dataset={quote_override_value(positional[0])}")
+    return run_app(verb, verb, task, rest)

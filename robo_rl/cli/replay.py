@@ -14,7 +14,6 @@ which re-renders episodes recorded without camera frames.
 from __future__ import annotations
 
 import logging
-import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +21,7 @@ import numpy as np
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from robo_rl.cli.app import quote_override_value, run_app
+from robo_rl.cli.app import run_store_app
 from robo_rl.cli.tables import print_table
 from robo_rl.data.schema import SEGMENT_KEY, TIMESTAMP_KEY, EpisodeMeta
 from robo_rl.data.store import EpisodeStore
@@ -42,15 +41,7 @@ OBJECTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 
 
 def main(argv: list[str]) -> int:
-    # `robo-rl replay PATH episode=3` reads like `robo-rl replay dataset=PATH episode=3`.
-    positional = [a for a in argv if "=" not in a and not a.startswith("-")]
-    rest = [a for a in argv if a not in positional]
-    if len(positional) > 1:
-        print(f"error: replay takes one store, got {len(positional)}: {positional}", file=sys.stderr)
-        return 2
-    if positional:
-        rest.append(f"dataset={quote_override_value(positional[0])}")
-    return run_app("replay", "replay", run, rest)
+    return run_store_app("replay", run, argv)
 
 
 # ---------------------------------------------------------------------- shared with robo-rl video

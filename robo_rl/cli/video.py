@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, Iterator
@@ -20,7 +19,7 @@ import numpy as np
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from robo_rl.cli.app import quote_override_value, run_app
+from robo_rl.cli.app import run_store_app
 from robo_rl.cli.replay import check_fits, episode_index, load_episode, make_env, open_store, start_replay
 from robo_rl.cli.tables import human_bytes, print_table
 from robo_rl.data.schema import IMAGE_PREFIX, SEGMENT_KEY, TIMESTAMP_KEY, Segment
@@ -45,15 +44,7 @@ UNKNOWN_COLOUR = (110, 110, 110)
 
 
 def main(argv: list[str]) -> int:
-    # `robo-rl video PATH episode=3` reads like `robo-rl video dataset=PATH episode=3`.
-    positional = [a for a in argv if "=" not in a and not a.startswith("-")]
-    rest = [a for a in argv if a not in positional]
-    if len(positional) > 1:
-        print(f"error: video takes one store, got {len(positional)}: {positional}", file=sys.stderr)
-        return 2
-    if positional:
-        rest.append(f"dataset={quote_override_value(positional[0])}")
-    return run_app("video", "video", run, rest)
+    return run_store_app("video", run, argv)
 
 
 # ---------------------------------------------------------------------- frames

@@ -10,7 +10,7 @@ and a little jitter on the commands.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import mujoco

@@ -425,7 +425,7 @@ class PackCube:
         return Pose(goal + turn @ (ee_pos - lid.xpos), turn @ ee_rot, 0.0)
 
     def _lid_segments(self, robot, rng, noise, stage) -> list[Segment]:
-        lid, yaw = body_pos(robot, "lid"), body_yaw(robot, "lid")
+        lid = body_pos(robot, "lid")
         lid_x = robot.data.body("lid").xmat.reshape(3, 3)[:, 0]
         # fingers across the handle's thin side (the lid's x axis)
         grip = rotation([0, 0, -1], lid_x if lid_x[1] >= 0 else -lid_x)
