@@ -1,6 +1,5 @@
 """EpisodeStore on real zarr v3 stores on disk."""
 
-import os
 import socket
 import subprocess
 import sys

@@ -154,3 +154,14 @@ def test_pack_cube_stages_follow_the_sub_tasks_in_order():
     assert info["success"]
     firsts = [s for i, s in enumerate(seen) if s not in seen[:i]]
     assert firsts == [0, 1, 2, 3, 4, 5], seen
+
+
+def test_env_and_robot_report_joints_in_the_same_units():
+    env = BimanualEnv("transfer_cube")
+    env.reset(seed=0)
+    a = env.robot.spec.home.copy()
+    a[6] = a[13] = 0.2  # grippers closing: non-zero gripper velocity
+    obs, *_ = env.step(a)
+    direct = env.robot.observe()
+    assert np.array_equal(obs["qpos"], direct.qpos) and np.array_equal(obs["qvel"], direct.qvel)
+    assert abs(obs["qvel"][6]) > 0.1  # normalised units per second, not metres per second

@@ -64,7 +64,7 @@ class BimanualEnv(gym.Env):
         r = self.robot
         out: dict[str, Any] = {"qpos": r.joint_positions()}
         if "state" in self.obs_mode:
-            out["qvel"] = r.data.qvel[r._vadr].astype(np.float32)
+            out["qvel"] = r.joint_velocities()
             out["env_state"] = self.task.state(r)
         if self._pixels:
             out["images"] = r.render()

@@ -68,10 +68,8 @@ class SimRobot:
             self._renderer = mujoco.Renderer(self.model, h, w)
 
     def observe(self) -> Observation:
-        q = self.joint_positions()
-        v = self.data.qvel[self._vadr].astype(np.float32)
-        v[self._grip_idx] /= self._grip_span
-        return Observation(qpos=q, qvel=v, images=self.render(), timestamp=float(self.data.time))
+        return Observation(qpos=self.joint_positions(), qvel=self.joint_velocities(), images=self.render(),
+                           timestamp=float(self.data.time))
 
     def act(self, action: np.ndarray) -> np.ndarray:
         a = np.asarray(action, dtype=np.float64).reshape(-1)
@@ -128,6 +126,12 @@ class SimRobot:
         q = self.data.qpos[self._qadr].astype(np.float32)
         q[self._grip_idx] = (q[self._grip_idx] - self._grip_closed) / self._grip_span
         return q
+
+    def joint_velocities(self) -> np.ndarray:
+        """Joint velocities in action units per second (grippers normalised)."""
+        v = self.data.qvel[self._vadr].astype(np.float32)
+        v[self._grip_idx] /= self._grip_span
+        return v
 
     @property
     def time(self) -> float:
