@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib.util
 import os
 import random
 import sys
@@ -30,6 +29,9 @@ from pathlib import Path
 os.environ.setdefault("MUJOCO_GL", "egl")
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import make_console, table  # noqa: E402
 
 from robo_rl.data.schema import EpisodeMeta, Schema
 from robo_rl.data.store import DEFAULT_IMAGE_CODEC, EpisodeStore
@@ -44,25 +46,10 @@ TARGETS = {"low-dim": 20_000, "2 cams 96x96": 2_000}
 CAMS = ("top", "wrist")
 
 
-def _console():
-    from rich.console import Console
-
-    return Console(width=max(Console().width, 150))
-
-
-def _table(title: str, columns: list[str]):
-    from rich import box
-    from rich.table import Table
-
-    t = Table(title=title, box=box.MARKDOWN, title_justify="left")
-    for i, c in enumerate(columns):
-        t.add_column(c, justify="left" if i == 0 else "right")
-    return t
 
 
 def _load_codecs_module():
     """bench/image_codecs.py, for its MuJoCo scene."""
-    sys.path.insert(0, str(Path(__file__).parent))
     import image_codecs
 
     return image_codecs
@@ -264,7 +251,7 @@ def sampling_benchmark(args, console) -> None:
 
         naive_rate = {r[1]: r[2] for r in rows if r[3] == "naive"}
         target = TARGETS.get(name)
-        t = _table(
+        t = table(
             f"(a) sampling, {name}: {n_eps} episodes x {ep_len} steps, To={N_OBS} H={HORIZON} batch {BATCH}"
             + (f", target >= {target:,} windows/s" if target else ", no target"),
             ["loader", "workers", "windows/s", "x naive (same workers)", "target", "pass"],
@@ -415,7 +402,7 @@ def recording_benchmark(args, console) -> None:
     def fmt(x, spec=".3f"):
         return "-" if x is None else format(x, spec)
 
-    t = _table(
+    t = table(
         f"(b) recording: 14-D state + 14-D action + 2 cameras 240x320 uint8 at {FPS} Hz, {seconds} s "
         f"({n_steps} steps) paced in real time, episodes of {ep_seconds} s, image codec {DEFAULT_IMAGE_CODEC} (default)",
         ["metric", "robo_rl Recorder", "sync EpisodeWriter (baseline)", "LeRobot (QUOTED)", "target", "pass"],
@@ -473,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.manual_seed(args.seed)
-    console = _console()
+    console = make_console(150)
     console.print(
         f"bench/data.py: {os.cpu_count()} CPU(s), torch {torch.__version__}, numpy {np.__version__}, "
         f"{'quick' if args.quick else 'full'} run, seed {args.seed}"

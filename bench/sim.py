@@ -27,6 +27,7 @@ import multiprocessing
 import os
 import random
 import sys
+from pathlib import Path
 import time
 
 os.environ.setdefault("MUJOCO_GL", "egl")
@@ -34,6 +35,9 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 import gymnasium as gym
 import mujoco
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import make_console, table  # noqa: E402
 
 import robo_rl.sim.envs  # noqa: F401  (registers the robo_rl/* ids)
 
@@ -52,20 +56,6 @@ AMPLITUDE = 0.05  # rad, sinusoid on the 12 arm joints around the home pose
 FREQ = 0.5  # Hz
 
 
-def _console():
-    from rich.console import Console
-
-    return Console(width=max(Console().width, 200))
-
-
-def _table(title: str, columns: list[str]):
-    from rich import box
-    from rich.table import Table
-
-    t = Table(title=title, box=box.MARKDOWN, title_justify="left")
-    for i, c in enumerate(columns):
-        t.add_column(c, justify="left" if i == 0 else "right")
-    return t
 
 
 def _load() -> str:
@@ -113,7 +103,7 @@ def _gl_renderer() -> str:
 def state_benchmark(args, console) -> dict[str, float]:
     episodes, warmup, timed = (1, 50, 200) if args.quick else (3, 50, 350)
     rates = {}
-    t = _table(
+    t = table(
         f"(a) state mode: env.step vs raw mj_step(nstep=substeps) on the same model/data, fixed actions "
         f"(home + {AMPLITUDE} rad sinusoid); {episodes} episode(s) x {timed} timed steps after {warmup} warm-up "
         f"per repeat, best of {args.repeats}; target env/raw >= {STATE_RATIO_TARGET}",
@@ -257,7 +247,7 @@ def pixels_benchmark(args, console) -> None:
             state_rate = rate
         rows.append((mode, cams, hw, rate, cpu, _frames_ok(obs, cams, hw) if hw else None))
 
-    t = _table(
+    t = table(
         f"(b) pixels: {ENV_ID}, fixed actions, {timed} timed steps after {warmup} warm-up, best of {reps}; "
         f"target >= {PIXELS_TARGET:.0f} steps/s with 3 cameras at 240x320",
         ["obs_mode", "cameras", "image", "env steps/s", "ms/step", "x state mode", "CPU s / wall s",
@@ -313,7 +303,7 @@ def vector_benchmark(args, console) -> None:
     spec = probe.unwrapped.robot.spec
     probe.close()
     period = 400  # one episode of actions, cycled
-    t = _table(
+    t = table(
         f"(c) vector envs: {ENV_ID}, N copies, total env steps/s summed over envs; timing windows of {min_time} s "
         f"after warm-up, best of {reps}; AsyncVectorEnv context {ctx!r}, shared memory, autoreset SAME_STEP; "
         f"{os.cpu_count()} CPU(s)",
@@ -420,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     np.random.seed(args.seed)
     if args.context == "forkserver":
         multiprocessing.get_context("forkserver").set_forkserver_preload(["__main__", "robo_rl.sim.envs"])
-    console = _console()
+    console = make_console(200)
     t0 = time.perf_counter()
     load0 = _load()
     one, two = parallel_headroom(args.context, 0.5)

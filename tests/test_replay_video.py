@@ -48,7 +48,7 @@ def stores(tmp_path_factory):
 
 
 def test_replay_of_a_collected_episode_reproduces_it(stores):
-    from robo_rl.cli.replay import load_episode, make_env, replay_episode
+    from robo_rl.sim.replay import load_episode, make_env, replay_episode
 
     with EpisodeStore.open(stores["state"]) as store:
         ep = load_episode(store, 0)

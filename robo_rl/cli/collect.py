@@ -21,7 +21,7 @@ def main(argv: list[str]) -> int:
 
 
 def run(cfg: DictConfig) -> int:
-    from robo_rl.sim.collect_schema import demo_schema
+    from robo_rl.sim.recording import demo_schema, demo_step
     from robo_rl.sim.envs import BimanualEnv
     from robo_rl.sim.expert import ExpertNoise
 
@@ -53,25 +53,19 @@ def run(cfg: DictConfig) -> int:
             obs, _ = env.reset(seed=seed)
             init_state = env.sim_state().tolist()
             expert = env.expert(noise)
-            steps = {k: [] for k in schema.keys}
+            steps = []
             info = {"success": False, "max_stage": 0}
             for _ in range(env.max_steps):
-                action = expert.act()
                 prev = obs
-                obs, _, terminated, truncated, info = env.step(action)
-                steps["obs/qpos"].append(prev["qpos"])
-                steps["obs/qvel"].append(prev["qvel"])
-                steps["obs/env_state"].append(prev["env_state"])
-                steps["action"].append(info["executed_action"])
-                for c in cameras:
-                    steps[f"obs/images/{c}"].append(prev["images"][c])
+                obs, _, terminated, truncated, info = env.step(expert.act())
+                steps.append(demo_step(prev, info["executed_action"], cameras))
                 if terminated or truncated or (expert.done and info["success"]):
                     break
             ok = bool(info["success"])
             successes += ok
-            n = len(steps["action"])
+            n = len(steps)
             if ok or cfg.keep_failed:
-                data = {k: np.stack(v) for k, v in steps.items()}
+                data = {k: np.stack([s[k] for s in steps]) for k in schema.keys}
                 ts = np.arange(n) / env.robot.spec.control_hz
                 meta = EpisodeMeta(task=cfg.task, success=ok, source="scripted", operator="expert",
                                    extra={"seed": seed, "init_state": init_state, "max_stage": int(info["max_stage"]),

@@ -32,7 +32,7 @@ def main(argv: list[str]) -> int:
 def run(cfg: DictConfig) -> int:
     if cfg.episodes < 1:
         raise ConfigError(f"demo: episodes must be >= 1, got {cfg.episodes}")
-    from robo_rl.sim.collect_schema import demo_schema
+    from robo_rl.sim.recording import demo_schema, demo_step
     from robo_rl.sim.envs import BimanualEnv
 
     out = Path(cfg.out)
@@ -59,10 +59,7 @@ def run(cfg: DictConfig) -> int:
             for k in range(env.max_steps):
                 prev = obs
                 obs, _, terminated, truncated, info = env.step(expert.act())
-                step = {"obs/qpos": prev["qpos"], "obs/qvel": prev["qvel"], "obs/env_state": prev["env_state"],
-                        "action": info["executed_action"]}
-                step.update({f"obs/images/{c}": prev["images"][c] for c in cameras})
-                rec.add_step(step, timestamp=k * dt, segment="TELEOP")
+                rec.add_step(demo_step(prev, info["executed_action"], cameras), timestamp=k * dt, segment="TELEOP")
                 if cfg.realtime:
                     tick += dt
                     wait = tick - time.perf_counter()

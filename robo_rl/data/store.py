@@ -355,8 +355,8 @@ class EpisodeStore:
         writer.add_block(data, timestamps, segments)
         return writer.commit()
 
-    def _drop_uncommitted(self) -> RepairReport:
-        """Cut every array back to the committed end (rows of an interrupted episode)."""
+    def _drop_uncommitted(self, quiet: bool = False) -> RepairReport:
+        """Cut every array back to the committed end (rows of an interrupted or discarded episode)."""
         report = RepairReport(episodes=self.n_episodes)
         end = self.n_steps
         for key in self.data_keys:
@@ -372,7 +372,7 @@ class EpisodeStore:
         if info.shape[0] > self.n_episodes:
             report.dropped_info_rows = info.shape[0] - self.n_episodes
             info.resize((self.n_episodes,))
-        if report.changed:
+        if report.changed and not quiet:
             log.warning("%s: %s", self.location, report.summary())
         self._arrays.clear()
         return report
@@ -684,7 +684,7 @@ class EpisodeWriter:
         if self._done:
             return
         self._done = True
-        self.store._drop_uncommitted()
+        self.store._drop_uncommitted(quiet=True)  # asked for, not a crash: nothing to warn about
 
     def _require_open(self) -> None:
         if self._done:

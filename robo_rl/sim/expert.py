@@ -101,6 +101,7 @@ class ScriptedExpert:
         self.speed = float(rng.uniform(*self.noise.speed))
         self.dt = 1.0 / robot.spec.control_hz
         self.command = np.array(robot.joint_positions() if start_command is None else start_command, dtype=np.float64)
+        self._arm_idx = np.setdiff1d(np.arange(robot.spec.action_dim), robot._grip_idx)  # jitter arms, not grippers
         commanded = robot.data.qpos.copy()
         for arm in ARMS:
             commanded[self.ik[arm].qadr] = self.command[self._arm_slice(arm)]
@@ -204,8 +205,7 @@ class ScriptedExpert:
     def _noisy(self, command: np.ndarray) -> np.ndarray:
         out = command.copy()
         if self.noise.joint_noise:
-            arm_idx = [i for i in range(len(out)) if i not in self.robot._grip_idx]
-            out[arm_idx] += self.rng.normal(0, self.noise.joint_noise, len(arm_idx))
+            out[self._arm_idx] += self.rng.normal(0, self.noise.joint_noise, len(self._arm_idx))
         return out.astype(np.float32)
 
 

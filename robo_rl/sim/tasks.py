@@ -25,6 +25,9 @@ class Task(Protocol):
 
     def reset(self, robot: SimRobot, rng: np.random.Generator) -> None: ...
 
+    state_bodies: tuple[str, ...]  # free bodies in `state`, 7 numbers each
+    state_joints: tuple[str, ...]  # then these scalar joints
+
     def state(self, robot: SimRobot) -> np.ndarray: ...
 
     def stage(self, robot: SimRobot) -> int: ...
@@ -52,6 +55,12 @@ def set_free_body(robot: SimRobot, joint: str, pos: np.ndarray, yaw: float) -> N
     dadr = robot.model.joint(joint).dofadr[0]
     robot.data.qvel[dadr:dadr + 6] = 0
     mujoco.mj_forward(robot.model, robot.data)
+
+
+def object_state(robot: SimRobot, bodies: tuple[str, ...], joints: tuple[str, ...] = ()) -> np.ndarray:
+    """A task's privileged state: each free body as (x, y, z, qw, qx, qy, qz), then scalar joints."""
+    parts = [free_body_state(robot, b) for b in bodies] + [robot.data.joint(j).qpos.astype(np.float32) for j in joints]
+    return np.concatenate(parts)
 
 
 def free_body_state(robot: SimRobot, joint: str) -> np.ndarray:
@@ -114,6 +123,8 @@ class TransferCube:
     scene: str = "transfer_cube.xml"
     max_steps: int = 400
     stage_names: tuple[str, ...] = ("reach", "lifted_by_right", "touched_by_left", "held_by_left")
+    state_bodies: tuple[str, ...] = ("cube",)
+    state_joints: tuple[str, ...] = ()
     meet: tuple[float, float, float] = (0.0, 0.0, 0.22)  # cube centre at the handover
     x_range: tuple[float, float] = (0.05, 0.18)
     y_range: tuple[float, float] = (-0.12, 0.12)
@@ -124,7 +135,7 @@ class TransferCube:
         set_free_body(robot, "cube", pos, rng.uniform(*self.yaw_range))
 
     def state(self, robot: SimRobot) -> np.ndarray:
-        return free_body_state(robot, "cube")
+        return object_state(robot, self.state_bodies, self.state_joints)
 
     def grasp_targets(self, stage: int) -> list[tuple[str, str]]:
         """(arm, geom) pairs that should be grasped while working on `stage`."""
@@ -204,6 +215,8 @@ class Insertion:
     scene: str = "insertion.xml"
     max_steps: int = 500
     stage_names: tuple[str, ...] = ("reach", "both_lifted", "peg_in_socket", "peg_touches_pin")
+    state_bodies: tuple[str, ...] = ("peg", "socket")
+    state_joints: tuple[str, ...] = ()
     peg_x: tuple[float, float] = (0.08, 0.18)
     socket_x: tuple[float, float] = (-0.18, -0.08)
     y_range: tuple[float, float] = (-0.1, 0.1)
@@ -219,7 +232,7 @@ class Insertion:
                       rng.uniform(*self.yaw_range))
 
     def state(self, robot: SimRobot) -> np.ndarray:
-        return np.concatenate([free_body_state(robot, "peg"), free_body_state(robot, "socket")])
+        return object_state(robot, self.state_bodies, self.state_joints)
 
     def _socket_geoms(self, robot: SimRobot) -> list[str]:
         return ["socket_top", "socket_bottom", "socket_side_a", "socket_side_b"]
@@ -329,6 +342,8 @@ class PackCube:
     scene: str = "pack_cube.xml"
     max_steps: int = 1000
     stage_names: tuple[str, ...] = ("start", "cube_lifted", "cube_in_box", "lid_lifted", "lid_seated", "latched")
+    state_bodies: tuple[str, ...] = ("cube", "box", "lid")
+    state_joints: tuple[str, ...] = ("button",)
     cube_x: tuple[float, float] = (0.1, 0.18)
     cube_y: tuple[float, float] = (-0.12, 0.04)
     box_x: tuple[float, float] = (-0.06, 0.0)
@@ -348,8 +363,7 @@ class PackCube:
         mujoco.mj_forward(robot.model, robot.data)
 
     def state(self, robot: SimRobot) -> np.ndarray:
-        return np.concatenate([free_body_state(robot, b) for b in ("cube", "box", "lid")]
-                              + [robot.data.joint("button").qpos.astype(np.float32)])
+        return object_state(robot, self.state_bodies, self.state_joints)
 
     # -- predicates on the scene
     def _in_box_frame(self, robot: SimRobot, p: np.ndarray) -> np.ndarray:

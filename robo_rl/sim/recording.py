@@ -1,0 +1,29 @@
+"""What a twin episode looks like in an EpisodeStore: proprioception, object state, the executed
+action and camera frames, at the robot's control rate. `collect` and `demo` both record this."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from robo_rl.data.schema import Schema
+
+
+def demo_schema(env, cameras: Sequence[str], image_size: tuple[int, int]) -> Schema:
+    n = env.action_space.shape[0]
+    keys = {
+        "obs/qpos": ((n,), "float32"),
+        "obs/qvel": ((n,), "float32"),
+        "obs/env_state": (env.observation_space["env_state"].shape, "float32"),
+        "action": ((n,), "float32"),
+    }
+    keys.update({f"obs/images/{c}": ((*image_size, 3), "uint8") for c in cameras})
+    return Schema.build(keys, fps=env.robot.spec.control_hz, robot=env.robot.spec.name)
+
+
+def demo_step(obs: Mapping[str, Any], executed: np.ndarray, cameras: Sequence[str]) -> dict[str, np.ndarray]:
+    """One store step: the observation an action was chosen from, and the action as executed."""
+    step = {"obs/qpos": obs["qpos"], "obs/qvel": obs["qvel"], "obs/env_state": obs["env_state"], "action": executed}
+    step.update({f"obs/images/{c}": obs["images"][c] for c in cameras})
+    return step
