@@ -14,6 +14,8 @@ VERBS: dict[str, tuple[str, str]] = {
     "dataset": ("robo_rl.cli.dataset", "inspect, check, repair, merge, filter and delete episode stores"),
     "replay": ("robo_rl.cli.replay", "re-run recorded episodes in the twin and report per-joint divergence"),
     "video": ("robo_rl.cli.video", "write an episode as an H.264 MP4 with its segment labels drawn in"),
+    "train": ("robo_rl.cli.train", "train a flow or diffusion action-chunk policy on an episode store"),
+    "eval": ("robo_rl.cli.eval", "evaluate a trained policy in the twin: success with a 95% interval, videos"),
 }
 
 

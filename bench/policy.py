@@ -1,0 +1,152 @@
+"""Policy benchmark: inference latency per action chunk and training throughput.
+
+(a) latency: CPU, batch 1, one thread, the time `policy.predict(obs_window)` takes to return one
+    chunk (H = 16 actions), p50/p99 over --reps calls after warm-up. Flow at K = 10 Euler steps,
+    diffusion at DDIM 10, each with the U-Net and the DiT backbone at our default sizes, on
+    low-dim observations (qpos 14 + object state 7, To = 2) and with 2 cameras at 96x96 (+ qpos).
+    Baseline in the same run: the same diffusion policy at diffusion_policy's published sizes
+    (U-Net 256/512/1024, ResNet-18 width 64). Targets: p99 <= 5 ms low-dim, <= 30 ms with images.
+    LeRobot's ACT (37 ms) and diffusion policy (1.8 s at DDIM 10) on this kind of machine are quoted.
+(b) training: optimiser steps/s (forward + backward + AdamW) on CPU with all threads, batch 64
+    and 256, low-dim and 2-camera 96x96.
+(c) GPU (only when CUDA is available): steps/s and samples/s at batch 256, fp32 vs bf16 autocast,
+    eager vs torch.compile.
+
+    python bench/policy.py [--quick] [--only latency|train|gpu] [--reps 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import make_console, table  # noqa: E402
+
+from robo_rl.policies import ObsShapes, make_policy  # noqa: E402
+
+LOWDIM = ObsShapes({"obs/qpos": 14, "obs/env_state": 7}, {}, 14)
+IMAGES = ObsShapes({"obs/qpos": 14}, {"obs/images/top": (96, 96), "obs/images/left_wrist": (96, 96)}, 14)
+PAPER = {"down_dims": [256, 512, 1024], "image_width": 64}
+CONFIGS = [  # label, policy, options
+    ("flow U-Net K=10", "flow", {}),
+    ("flow DiT K=10", "flow", {"backbone": "transformer"}),
+    ("diffusion U-Net DDIM 10", "diffusion", {}),
+    ("diffusion DiT DDIM 10", "diffusion", {"backbone": "transformer"}),
+]
+
+
+def obs_window(shapes: ObsShapes, batch: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    out = {k: rng.standard_normal((batch, 2, d)).astype(np.float32) for k, d in shapes.lowdim.items()}
+    out.update({k: rng.integers(0, 256, (batch, 2, *hw, 3), dtype=np.uint8) for k, hw in shapes.images.items()})
+    return out
+
+
+def train_batch(shapes: ObsShapes, batch: int, device: str, rng: np.random.Generator) -> dict[str, torch.Tensor]:
+    b = {k: torch.as_tensor(v, device=device) for k, v in obs_window(shapes, batch, rng).items()}
+    b["action"] = torch.randn(batch, 16, 14, device=device)
+    return b
+
+
+def latency(policy, shapes: ObsShapes, reps: int) -> tuple[float, float, int]:
+    policy.eval()
+    obs = obs_window(shapes, 1, np.random.default_rng(0))
+    times = []
+    with torch.inference_mode():
+        for i in range(reps + 10):
+            t = time.perf_counter()
+            policy.predict(obs)
+            if i >= 10:
+                times.append(time.perf_counter() - t)
+    ms = np.asarray(times) * 1e3
+    return float(np.percentile(ms, 50)), float(np.percentile(ms, 99)), sum(p.numel() for p in policy.parameters())
+
+
+def train_rate(policy, shapes: ObsShapes, batch: int, device: str, seconds: float, bf16: bool = False,
+               compile: bool = False) -> float:
+    policy.train().to(device)
+    opt = torch.optim.AdamW(policy.parameters(), lr=1e-4)
+    data = train_batch(shapes, batch, device, np.random.default_rng(0))
+    fwd = torch.compile(policy) if compile else policy
+
+    def step():
+        with torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=bf16):
+            loss = fwd(data)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    for _ in range(3):  # warm-up (and compilation)
+        step()
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        step()
+        n += 1
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+    return n / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions, shorter timings")
+    ap.add_argument("--only", choices=["latency", "train", "gpu"])
+    ap.add_argument("--reps", type=int, default=200)
+    args = ap.parse_args()
+    reps = 30 if args.quick else args.reps
+    seconds = 3.0 if args.quick else 10.0
+    console = make_console()
+    threads = torch.get_num_threads()
+    torch.manual_seed(0)
+
+    if args.only in (None, "latency"):
+        torch.set_num_threads(1)
+        t = table(f"(a) CPU latency per chunk, batch 1, 1 thread ({reps} calls)",
+                  ["policy", "observations", "params", "p50 ms", "p99 ms", "target p99"])
+        for obs_label, shapes, target in (("low-dim", LOWDIM, 5), ("2 cams 96x96", IMAGES, 30)):
+            for label, name, opts in CONFIGS:
+                p50, p99, n = latency(make_policy(name, opts, shapes), shapes, reps)
+                t.add_row(label, obs_label, f"{n / 1e6:.2f}M", f"{p50:.2f}", f"{p99:.2f}",
+                          f"<= {target} {'ok' if p99 <= target else 'MISSED'}")
+            p50, p99, n = latency(make_policy("diffusion", PAPER, shapes), shapes, max(10, reps // 10))
+            t.add_row("baseline: diffusion_policy sizes, DDIM 10", obs_label, f"{n / 1e6:.1f}M", f"{p50:.1f}",
+                      f"{p99:.1f}", "")
+        t.add_row("quoted: LeRobot ACT", "images", "", "37", "", "")
+        t.add_row("quoted: LeRobot diffusion, DDIM 10", "images", "", "1800", "", "")
+        console.print(t)
+        torch.set_num_threads(threads)
+
+    if args.only in (None, "train"):
+        t = table(f"(b) CPU training steps/s ({threads} threads)", ["policy", "observations", "batch", "steps/s",
+                                                                    "samples/s"])
+        for obs_label, shapes, batches in (("low-dim", LOWDIM, (64, 256)), ("2 cams 96x96", IMAGES, (64,))):
+            for label, name, opts in CONFIGS[:3:2]:
+                for b in batches:
+                    r = train_rate(make_policy(name, opts, shapes), shapes, b, "cpu", seconds)
+                    t.add_row(label.split(" K=")[0].split(" DDIM")[0], obs_label, str(b), f"{r:.1f}", f"{r * b:.0f}")
+        console.print(t)
+
+    if args.only in (None, "gpu"):
+        if not torch.cuda.is_available():
+            console.print("(c) GPU: no CUDA device here; run this script on a GPU machine for the GPU table.")
+            return
+        t = table(f"(c) GPU training at batch 256 ({torch.cuda.get_device_name()})",
+                  ["policy", "observations", "mode", "steps/s", "samples/s"])
+        for obs_label, shapes in (("low-dim", LOWDIM), ("2 cams 96x96", IMAGES)):
+            for label, name, opts in CONFIGS[:3:2]:
+                for mode, bf16, comp in (("fp32 eager", False, False), ("bf16 eager", True, False),
+                                         ("fp32 compile", False, True), ("bf16 compile", True, True)):
+                    r = train_rate(make_policy(name, opts, shapes), shapes, 256, "cuda", seconds, bf16, comp)
+                    t.add_row(label, obs_label, mode, f"{r:.1f}", f"{r * 256:.0f}")
+        console.print(t)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""robo-rl train: an action-chunk policy from an episode store, evaluated in the twin at the end."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from robo_rl.cli.app import run_app
+from robo_rl.errors import ConfigError
+
+
+def main(argv: list[str]) -> int:
+    return run_app("train", "train", run, argv)
+
+
+def default_run_dir(cfg: DictConfig) -> Path:
+    # Under torchrun every rank must agree on the directory: use the job id, not the clock.
+    stamp = os.environ.get("TORCHELASTIC_RUN_ID") if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
+    return Path("data/runs") / f"{cfg.task}-{cfg.policy.name}-{stamp or time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def run(cfg: DictConfig) -> int:
+    import torch
+
+    from robo_rl.cli.eval import print_summary, run_eval
+    from robo_rl.data.sampler import WindowSampler
+    from robo_rl.data.stats import get_stats
+    from robo_rl.data.store import EpisodeStore
+    from robo_rl.learn import Learner, LearnerConfig
+    from robo_rl.policies import ObsShapes, make_policy, policy_spec
+    from robo_rl.sim.tasks import TASKS
+
+    if cfg.task not in TASKS:
+        raise ConfigError(f"train: task={cfg.task!r} unknown; tasks are {sorted(TASKS)}")
+    if not cfg.dataset:
+        raise ConfigError("train: pass dataset=PATH (an episode store, e.g. from robo-rl collect)")
+    run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg)
+    last = run_dir / "checkpoints" / "last.pt"
+    if cfg.resume and not last.is_file():
+        raise ConfigError(f"train: resume=true but {last} does not exist; pass run_dir= of the run to continue")
+    if not cfg.resume and last.is_file():
+        raise ConfigError(f"train: {run_dir} already holds a run; pass resume=true to continue it or another run_dir=")
+    learner_cfg = LearnerConfig.from_dict(OmegaConf.to_container(cfg.learner, resolve=True))
+    store = EpisodeStore.open(cfg.dataset, mode="r")
+    n = store.n_episodes if cfg.n_episodes is None else int(cfg.n_episodes)
+    if not 1 <= n <= store.n_episodes:
+        raise ConfigError(f"train: n_episodes={cfg.n_episodes} but {cfg.dataset} holds {store.n_episodes} episodes")
+    obs_keys = list(cfg.obs_keys)
+    shapes = ObsShapes.from_schema(store.schema, obs_keys)
+    stats = get_stats(store, [*shapes.lowdim, shapes.action_key], save=False)
+    policy_options = {k: v for k, v in OmegaConf.to_container(cfg.policy, resolve=True).items() if k != "name"}
+    policy = make_policy(cfg.policy.name, policy_options, shapes, stats)
+    device = learner_cfg.device
+    from robo_rl.learn.learner import resolve_device
+
+    sampler = WindowSampler(store, obs_keys, n_obs=policy.config.n_obs, horizon=policy.config.horizon,
+                            episodes=range(n), device=resolve_device(device, int(os.environ.get("LOCAL_RANK", "0"))),
+                            segment_weights=OmegaConf.to_container(cfg.segment_weights) if cfg.segment_weights else None)
+    chunking = OmegaConf.to_container(cfg.eval.chunking, resolve=True)
+    extra = {"policy": policy_spec(policy), "task": cfg.task, "dataset": str(cfg.dataset), "n_episodes": n,
+             "obs_keys": obs_keys, "chunking": chunking, "config": OmegaConf.to_container(cfg, resolve=True)}
+
+    def evaluate(model, step):
+        out = run_dir / f"eval-step{step}"
+        summary = run_eval(model, cfg.task, chunking, int(cfg.eval.episodes), int(cfg.eval.n_envs), int(cfg.eval.seed),
+                           int(cfg.eval.videos), out, progress=True)
+        d = summary.to_dict()
+        (out / "eval.json").parent.mkdir(parents=True, exist_ok=True)
+        (out / "eval.json").write_text(json.dumps(d, indent=1))
+        print_summary(summary, f"eval {cfg.task} at step {step}")
+        return {"success_rate": d["success_rate"], "ci95_low": d["ci95_low"], "ci95_high": d["ci95_high"],
+                "mean_length": d["mean_length"], **{f"reach_{k}": v for k, v in d["stage_reach"].items()}}
+
+    learner = Learner(policy, learner_cfg, run_dir, lambda bs, gen, weighted: sampler.sample(bs, gen, weighted),
+                      extra=extra, evaluate=evaluate if cfg.eval.episodes > 0 else None)
+    if learner.dist.main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    if cfg.resume:
+        learner.load(last)
+        print(f"resumed {run_dir} at step {learner.step}")
+    n_params = sum(p.numel() for p in policy.parameters())
+    if learner.dist.main:
+        print(f"train {cfg.policy.name} ({policy.config.backbone}, {n_params / 1e6:.2f}M params) on {n} episodes "
+              f"({len(sampler)} windows) of {cfg.dataset} -> {run_dir}  [device {learner.device}, world {learner.dist.world}]")
+    torch.backends.cudnn.benchmark = True
+    result = learner.fit()
+    if learner.dist.main:
+        print(f"done: step {result['step']}, loss {result['loss']:.4f}, {result['train_time_s'] / 60:.1f} min; "
+              f"checkpoint {last}")
+    return 0

@@ -1,0 +1,362 @@
+"""The Learner: one training loop for every network here (policies now, critics in rl/).
+
+It asks only that the model's `forward(batch, weights)` returns a scalar loss. Everything else is
+the loop, readable top to bottom: sample a batch, loss, backward, clip, step, EMA, log, evaluate,
+checkpoint. Features: AdamW with linear warm-up and cosine decay, EMA weights, bf16 autocast on
+GPU, optional torch.compile, per-sample loss weights, atomic checkpoints with full resume (step,
+optimiser, scheduler, EMA, every RNG), TensorBoard and JSON-lines logs, and DDP under torchrun.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import random
+import signal
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import torch
+from torch import nn
+
+from robo_rl.errors import ConfigError
+
+
+@dataclass
+class LearnerConfig:
+    steps: int = 20000
+    batch_size: int = 256          # global batch; each DDP rank takes batch_size / world_size
+    lr: float = 1e-4
+    weight_decay: float = 1e-6
+    betas: tuple[float, float] = (0.95, 0.999)
+    warmup_steps: int = 500
+    min_lr_ratio: float = 0.0      # the cosine decays to lr * min_lr_ratio
+    grad_clip: float = 1.0         # max global grad norm; 0 = off
+    ema_decay: float = 0.999       # ceiling; the decay warms up as (1 + step) / (10 + step)
+    bf16: str = "auto"             # auto (on for CUDA) | true | false
+    compile: bool = False          # torch.compile the training forward
+    loss_weights: bool = True      # use the sampler's per-sample weights in the loss
+    weighted_sampling: bool = False  # draw windows in proportion to their weights instead
+    log_every: int = 50
+    checkpoint_every: int = 1000
+    keep_checkpoints: int = 2      # numbered checkpoints kept besides last.pt
+    eval_every: int = 0            # 0 = evaluate only at the end (when an evaluator is given)
+    max_minutes: float = 0.0       # stop early (checkpointed) after this much wall time; 0 = no limit
+    seed: int = 0
+    device: str = "auto"           # auto | cpu | cuda | cuda:N
+    threads: int = 0               # CPU threads for torch; 0 = torch's default
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> "LearnerConfig":
+        d = dict(d or {})
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ConfigError(f"learner: unknown option(s) {unknown}; known: {sorted(names)}")
+        if "betas" in d:
+            d["betas"] = tuple(float(b) for b in d["betas"])
+        cfg = cls(**d)
+        if cfg.steps < 1 or cfg.batch_size < 1:
+            raise ConfigError(f"learner.steps and learner.batch_size must be >= 1 (got {cfg.steps}, {cfg.batch_size})")
+        if str(cfg.bf16).lower() not in ("auto", "true", "false"):
+            raise ConfigError(f"learner.bf16={cfg.bf16!r}; choose auto, true or false")
+        return cfg
+
+
+def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float) -> float:
+    """Learning-rate multiplier: linear warm-up to 1, then cosine down to `min_ratio`."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+# --------------------------------------------------------------------------- distributed
+@dataclass
+class Dist:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def setup_distributed(device: str) -> Dist:
+    """torchrun sets WORLD_SIZE/RANK/LOCAL_RANK; without them this is a single process."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return Dist()
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+    return Dist(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def resolve_device(name: str, local_rank: int = 0) -> str:
+    if name == "auto":
+        return f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"learner.device={name} but CUDA is not available here; use device=cpu")
+    if name == "cuda":
+        return f"cuda:{local_rank}"
+    return name
+
+
+# --------------------------------------------------------------------------- checkpoints
+def atomic_save(obj: Any, path: Path) -> None:
+    """Write to a temporary file beside `path`, fsync, then rename over it: a kill at any moment
+    leaves either the old file or the new one, never a torn one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def rng_state(generator: torch.Generator | None) -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    if generator is not None:
+        state["sampler"] = generator.get_state()
+    return state
+
+
+def set_rng_state(state: Mapping[str, Any], generator: torch.Generator | None) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if generator is not None and "sampler" in state:
+        generator.set_state(state["sampler"])
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+# --------------------------------------------------------------------------- the learner
+SampleFn = Callable[[int, torch.Generator, bool], Mapping[str, torch.Tensor]]
+EvalFn = Callable[[nn.Module, int], Mapping[str, float]]
+
+
+class Learner:
+    """Trains `model` on batches from `sample(batch_size, generator, weighted)`.
+
+    `run_dir` receives checkpoints/, tb/ (TensorBoard), metrics.jsonl and evals.jsonl. `extra` is
+    stored in every checkpoint (e.g. the policy's description and the dataset it came from).
+    `evaluate(ema_model, step)` is called every `eval_every` steps and at the end, on rank 0.
+    """
+
+    def __init__(self, model: nn.Module, cfg: LearnerConfig, run_dir: str | Path, sample: SampleFn,
+                 extra: Mapping[str, Any] | None = None, evaluate: EvalFn | None = None, progress: bool = True):
+        self.cfg, self.run_dir, self.sample, self.extra, self.evaluate = cfg, Path(run_dir), sample, dict(extra or {}), evaluate
+        self.progress = progress
+        if cfg.threads > 0:
+            torch.set_num_threads(cfg.threads)
+        self.dist = setup_distributed(resolve_device(cfg.device))
+        self.device = resolve_device(cfg.device, self.dist.local_rank)
+        if self.device.startswith("cuda"):
+            torch.cuda.set_device(torch.device(self.device))
+        seed_everything(cfg.seed + self.dist.rank)
+        self.model = model.to(self.device)
+        self.ema = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.train_model: nn.Module = self.model
+        if self.dist.world > 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            ids = [torch.device(self.device).index] if self.device.startswith("cuda") else None
+            self.train_model = DistributedDataParallel(self.model, device_ids=ids)
+        if cfg.compile:
+            self.train_model = torch.compile(self.train_model)
+        decay, no_decay = [], []
+        for p in self.model.parameters():
+            if p.requires_grad:
+                (decay if p.ndim >= 2 else no_decay).append(p)  # no decay on biases and norms
+        self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                                            {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=cfg.betas)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: warmup_cosine(s, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio))
+        self.generator = torch.Generator(device=self.device if self.device.startswith("cuda") else "cpu")
+        self.generator.manual_seed(cfg.seed * 1000 + self.dist.rank)
+        bf16 = str(cfg.bf16).lower()
+        self.autocast = bf16 == "true" or (bf16 == "auto" and self.device.startswith("cuda"))
+        self.step = 0
+        self.last_loss = float("nan")
+        self.history: list[dict[str, Any]] = []
+
+    # ---- checkpoints
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+    def state(self) -> dict[str, Any]:
+        return {"step": self.step, "model": self.model.state_dict(), "ema": self.ema.state_dict(),
+                "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "rng": rng_state(self.generator), "learner": asdict(self.cfg), **self.extra}
+
+    def save(self) -> Path | None:
+        if not self.dist.main:
+            return None
+        state = self.state()
+        last = self.checkpoint_dir / "last.pt"
+        atomic_save(state, last)
+        if self.cfg.keep_checkpoints > 0:
+            atomic_save(state, self.checkpoint_dir / f"step_{self.step:08d}.pt")
+            numbered = sorted(self.checkpoint_dir.glob("step_*.pt"))
+            for old in numbered[: -self.cfg.keep_checkpoints]:
+                old.unlink(missing_ok=True)
+        return last
+
+    def load(self, path: str | Path) -> None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"resume: no checkpoint at {path}")
+        try:
+            ckpt = torch.load(path, map_location=self.device, weights_only=False)
+        except Exception as e:
+            raise ConfigError(f"resume: checkpoint {path} could not be read ({type(e).__name__}: {e})") from None
+        self.model.load_state_dict(ckpt["model"])
+        self.ema.load_state_dict(ckpt["ema"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        self.scheduler.load_state_dict(ckpt["scheduler"])
+        self.step = int(ckpt["step"])
+        # Each rank resumes its own stream; rank r > 0 reseeds deterministically from the step.
+        if self.dist.main:
+            set_rng_state(ckpt["rng"], self.generator)
+        else:
+            seed_everything(self.cfg.seed + self.dist.rank + 7919 * self.step)
+
+    # ---- one step
+    def train_step(self) -> float:
+        cfg = self.cfg
+        per_rank = max(1, cfg.batch_size // self.dist.world)
+        batch = self.sample(per_rank, self.generator, cfg.weighted_sampling)
+        weights = batch.get("weight") if cfg.loss_weights else None
+        self.model.train()
+        with torch.autocast(self.device.split(":")[0], dtype=torch.bfloat16, enabled=self.autocast):
+            loss = self.train_model(batch, weights)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"loss is {loss.item()} at step {self.step}; lower learner.lr or check the data")
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.update_ema()
+        self.step += 1
+        return float(loss.detach())
+
+    @torch.no_grad()
+    def update_ema(self) -> None:
+        decay = min(self.cfg.ema_decay, (1 + self.step) / (10 + self.step))
+        ema_p = [p for p in self.ema.parameters()]
+        model_p = [p.detach() for p in self.model.parameters()]
+        torch._foreach_lerp_(ema_p, model_p, 1 - decay)
+        for b_ema, b in zip(self.ema.buffers(), self.model.buffers()):
+            b_ema.copy_(b)
+
+    # ---- the loop
+    def fit(self) -> dict[str, Any]:
+        cfg, main = self.cfg, self.dist.main
+        writer = None
+        if main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                writer = SummaryWriter(str(self.run_dir / "tb"), purge_step=self.step or None)
+            except ImportError:  # tensorboard is a dependency, but a missing one should not stop training
+                writer = None
+        bar = None
+        if main and self.progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=cfg.steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True)
+        t_start, t_window, steps_window, loss_sum, n_loss = time.perf_counter(), time.perf_counter(), 0, 0.0, 0
+        stop = {"flag": False}
+        previous = signal.getsignal(signal.SIGTERM)
+        if main:
+            signal.signal(signal.SIGTERM, lambda *_: stop.update(flag=True))  # finish the step, checkpoint, exit
+        final_eval: dict[str, Any] = {}
+        try:
+            while self.step < cfg.steps and not stop["flag"]:
+                loss = self.train_step()
+                loss_sum, n_loss, steps_window = loss_sum + loss, n_loss + 1, steps_window + 1
+                if bar is not None:
+                    bar.update()
+                if self.step % cfg.log_every == 0 or self.step == cfg.steps:
+                    now = time.perf_counter()
+                    rate = steps_window / max(now - t_window, 1e-9)
+                    self.last_loss = loss_sum / max(n_loss, 1)
+                    row = {"step": self.step, "loss": self.last_loss, "lr": self.scheduler.get_last_lr()[0],
+                           "steps_per_s": rate, "time_s": now - t_start}
+                    self.history.append(row)
+                    if main:
+                        if bar is not None:
+                            bar.set_postfix(loss=f"{self.last_loss:.4f}", lr=f"{row['lr']:.2e}")
+                        if writer is not None:
+                            for k in ("loss", "lr", "steps_per_s"):
+                                writer.add_scalar(f"train/{k}", row[k], self.step)
+                        with open(self.run_dir / "metrics.jsonl", "a") as f:
+                            f.write(json.dumps(row) + "\n")
+                    t_window, steps_window, loss_sum, n_loss = now, 0, 0.0, 0
+                if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+                    self.save()
+                if main and self.evaluate and cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
+                    self._evaluate(writer, bar)
+                if cfg.max_minutes and time.perf_counter() - t_start > cfg.max_minutes * 60:
+                    if bar is not None:
+                        bar.write(f"learner.max_minutes={cfg.max_minutes} reached at step {self.step}; stopping")
+                    break
+        except KeyboardInterrupt:
+            if bar is not None:
+                bar.write(f"interrupted at step {self.step}; checkpointing")
+            self.save()
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+            if main:
+                signal.signal(signal.SIGTERM, previous)
+        self.save()
+        if main and self.evaluate and not stop["flag"]:
+            final_eval = self._evaluate(writer, None)
+        if writer is not None:
+            writer.close()
+        return {"step": self.step, "loss": self.last_loss, "train_time_s": time.perf_counter() - t_start,
+                "stopped": stop["flag"], "eval": final_eval}
+
+    def _evaluate(self, writer: Any, bar: Any) -> dict[str, Any]:
+        t = time.perf_counter()
+        result = dict(self.evaluate(self.ema, self.step))
+        result.update(step=self.step, eval_time_s=time.perf_counter() - t)
+        with open(self.run_dir / "evals.jsonl", "a") as f:
+            f.write(json.dumps(result) + "\n")
+        if writer is not None:
+            for k, v in result.items():
+                if isinstance(v, (int, float)) and k != "step":
+                    writer.add_scalar(f"eval/{k}", v, self.step)
+        msg = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()
+                        if isinstance(v, (int, float)))
+        (bar.write if bar is not None else print)(f"eval @ {self.step}: {msg}")
+        return result

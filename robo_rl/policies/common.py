@@ -1,0 +1,200 @@
+"""What diffusion and flow policies share: the Policy protocol, the chunk config, and the body
+(normalisers, observation encoder, backbone) that both wrap with their own loss and sampler.
+
+Normalisation statistics live in the module as buffers, so a policy's state dict is all that is
+needed to run it: no separate stats file to lose or mismatch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Mapping, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+from torch import nn
+
+from robo_rl.data.stats import Normalizer
+from robo_rl.errors import ConfigError
+from robo_rl.policies.nets.encoders import ObsEncoder
+from robo_rl.policies.nets.transformer import DiT1D
+from robo_rl.policies.nets.unet1d import ConditionalUnet1D
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """An action-chunk policy. `predict` maps an observation window (each key B x To x ...,
+    raw units) to a chunk of actions (B x H x A, raw units); `loss` is the training objective for
+    a sampler batch, weighted per sample."""
+
+    name: str
+    config: Any
+    shapes: "ObsShapes"
+
+    def predict(self, obs_window: Mapping[str, Any]) -> np.ndarray: ...
+
+    def loss(self, batch: Mapping[str, torch.Tensor], weights: torch.Tensor | None = None) -> torch.Tensor: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+
+@dataclass
+class ObsShapes:
+    """What the policy consumes and emits: low-dim keys and their sizes, cameras and their image
+    sizes (H, W), and the action size."""
+
+    lowdim: dict[str, int]
+    images: dict[str, tuple[int, int]] = field(default_factory=dict)
+    action_dim: int = 14
+    action_key: str = "action"
+
+    @classmethod
+    def from_schema(cls, schema: Any, obs_keys: list[str], action_key: str = "action") -> "ObsShapes":
+        lowdim, images = {}, {}
+        for k in obs_keys:
+            if k not in schema.keys:
+                raise ConfigError(f"observation key {k!r} is not in the dataset; keys are {sorted(schema.keys)}")
+            spec = schema.keys[k]
+            if len(spec.shape) == 3:
+                images[k] = (int(spec.shape[0]), int(spec.shape[1]))
+            elif len(spec.shape) == 1:
+                lowdim[k] = int(spec.shape[0])
+            else:
+                raise ConfigError(f"observation key {k!r} has shape {spec.shape}; expected (D,) or (H, W, 3)")
+        return cls(lowdim, images, int(schema.keys[action_key].shape[0]), action_key)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"lowdim": dict(self.lowdim), "images": {k: list(v) for k, v in self.images.items()},
+                "action_dim": self.action_dim, "action_key": self.action_key}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "ObsShapes":
+        return cls(dict(d["lowdim"]), {k: tuple(v) for k, v in d.get("images", {}).items()}, int(d["action_dim"]),
+                   d.get("action_key", "action"))
+
+
+@dataclass
+class ChunkConfig:
+    """Sizes shared by both policies. Defaults are chosen to train on a laptop CPU; the paper
+    sizes (U-Net 256/512/1024, ResNet width 64) are one override away."""
+
+    n_obs: int = 2              # To: observation frames per window
+    horizon: int = 16           # H: actions predicted per chunk
+    n_action_steps: int = 8     # Ta: actions executed before predicting again
+    backbone: str = "unet"      # unet | transformer
+    down_dims: tuple[int, ...] = (64, 128, 256)
+    kernel: int = 5
+    dit_dim: int = 192
+    dit_depth: int = 4
+    dit_heads: int = 4
+    obs_dim: int = 256          # conditioning vector size
+    image_feature_dim: int = 64
+    image_width: int = 32       # ResNet-18 first-stage channels (64 = the original)
+    crop_ratio: float = 0.9     # random crop side / image side while training
+    norm_mode: str = "minmax"   # action and low-dim normalisation (to [-1, 1])
+    mask_padded_actions: bool = False  # False: learn to hold the last action past an episode's end
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None):
+        d = dict(d or {})
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ConfigError(f"{cls.__name__}: unknown option(s) {unknown}; known: {sorted(names)}")
+        for k in ("down_dims",):
+            if k in d and d[k] is not None:
+                d[k] = tuple(int(x) for x in d[k])
+        cfg = cls(**d)
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        if self.backbone not in ("unet", "transformer"):
+            raise ConfigError(f"policy.backbone={self.backbone!r}; choose unet or transformer")
+        if not 1 <= self.n_action_steps <= self.horizon:
+            raise ConfigError(f"policy.n_action_steps={self.n_action_steps} must be in [1, horizon={self.horizon}]")
+        if self.backbone == "unet" and self.horizon % (2 ** (len(self.down_dims) - 1)):
+            raise ConfigError(f"policy.horizon={self.horizon} must be divisible by 2^{len(self.down_dims) - 1} for the U-Net")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["down_dims"] = list(self.down_dims)
+        return d
+
+
+class TensorNormalizer(nn.Module):
+    """A Normalizer whose offset and scale are buffers (saved in the state dict, moved with .to)."""
+
+    def __init__(self, dim: int, stats: Mapping[str, Any] | None, mode: str):
+        super().__init__()
+        if stats is None:
+            offset, scale = np.zeros(dim, np.float32), np.ones(dim, np.float32)
+        else:
+            n = Normalizer.from_stats(stats, mode)
+            offset, scale = n.offset.reshape(-1), n.scale.reshape(-1)
+            if offset.shape[0] != dim:
+                raise ConfigError(f"normalisation stats have {offset.shape[0]} dims, the key has {dim}")
+        self.register_buffer("offset", torch.as_tensor(offset, dtype=torch.float32))
+        self.register_buffer("scale", torch.as_tensor(scale, dtype=torch.float32))
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self.offset) * self.scale
+
+    def unnormalize(self, x: torch.Tensor) -> torch.Tensor:
+        return x / self.scale + self.offset
+
+
+class ChunkBody(nn.Module):
+    """Normalisers + observation encoder + backbone: maps (noisy chunk, time, observations) to
+    the backbone's output. The policy files decide what that output means (noise or velocity)."""
+
+    def __init__(self, cfg: ChunkConfig, shapes: ObsShapes, stats: Mapping[str, Any] | None):
+        super().__init__()
+        self.cfg, self.shapes = cfg, shapes
+        get = (lambda k: stats[k]) if stats is not None else (lambda k: None)
+        self.norms = nn.ModuleDict({k.replace("/", "__"): TensorNormalizer(d, get(k), cfg.norm_mode)
+                                    for k, d in shapes.lowdim.items()})
+        self.action_norm = TensorNormalizer(shapes.action_dim, get(shapes.action_key), cfg.norm_mode)
+        self.encoder = ObsEncoder(shapes.lowdim, shapes.images, cfg.n_obs, cfg.obs_dim, cfg.image_feature_dim,
+                                  cfg.image_width, cfg.crop_ratio)
+        if cfg.backbone == "unet":
+            self.net = ConditionalUnet1D(shapes.action_dim, cfg.obs_dim, cfg.down_dims, cfg.kernel)
+        else:
+            self.net = DiT1D(shapes.action_dim, cfg.obs_dim, cfg.horizon, cfg.dit_dim, cfg.dit_depth, cfg.dit_heads)
+
+    @property
+    def device(self) -> torch.device:
+        return self.action_norm.offset.device
+
+    def encode(self, obs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        x = {k: self.norms[k.replace("/", "__")].normalize(obs[k].float()) for k in self.shapes.lowdim}
+        x.update({k: obs[k] for k in self.shapes.images})
+        return self.encoder(x)
+
+    def obs_from_window(self, obs_window: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+        """Raw observation arrays (B x To x ... numpy or tensors) -> tensors on the policy's device,
+        checked against what the policy was trained on."""
+        out = {}
+        for k in [*self.shapes.lowdim, *self.shapes.images]:
+            if k not in obs_window:
+                raise ConfigError(f"policy needs observation {k!r}; got {sorted(obs_window)}")
+            v = torch.as_tensor(np.asarray(obs_window[k]) if not torch.is_tensor(obs_window[k]) else obs_window[k], device=self.device)
+            if v.ndim < 2 or v.shape[1] != self.cfg.n_obs:
+                raise ConfigError(f"observation {k!r} has shape {tuple(v.shape)}; expected (batch, {self.cfg.n_obs}, ...)")
+            out[k] = v
+        return out
+
+    def per_sample_loss(self, err: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Mean squared error per sample (B), optionally ignoring padded actions past an episode end."""
+        sq = err.pow(2).mean(-1)  # B H
+        if self.cfg.mask_padded_actions and "action_is_pad" in batch:
+            keep = (~batch["action_is_pad"].bool()).float()
+            return (sq * keep).sum(-1) / keep.sum(-1).clamp_min(1.0)
+        return sq.mean(-1)
+
+
+def weighted_mean(per_sample: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    if weights is None:
+        return per_sample.mean()
+    w = weights.to(per_sample.dtype)
+    return (per_sample * w).sum() / w.sum().clamp_min(1e-8)

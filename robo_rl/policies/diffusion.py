@@ -1,0 +1,90 @@
+"""Diffusion action-chunk policy (Chi et al. 2023): DDPM training, DDIM inference.
+
+Training: pick a diffusion step k of T (default 100) under the squared-cosine schedule, noise
+the normalised chunk A to sqrt(abar_k) A + sqrt(1 - abar_k) eps, and regress eps. Inference:
+deterministic DDIM (eta = 0) over a configurable number of evenly spaced steps, clipping the
+predicted clean chunk to [-1, 1] as the normalisation guarantees actions lie there.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+from torch import nn
+
+from robo_rl.errors import ConfigError
+from robo_rl.policies.common import ChunkBody, ChunkConfig, ObsShapes, weighted_mean
+
+
+@dataclass
+class DiffusionConfig(ChunkConfig):
+    train_steps: int = 100        # T: DDPM steps
+    inference_steps: int = 10     # DDIM steps
+    clip_sample: bool = True
+
+    def validate(self) -> None:
+        super().validate()
+        if not 1 <= self.inference_steps <= self.train_steps:
+            raise ConfigError(f"policy.inference_steps={self.inference_steps} must be in [1, train_steps={self.train_steps}]")
+
+
+def squared_cosine_alphas_cumprod(steps: int, s: float = 0.008, max_beta: float = 0.999) -> torch.Tensor:
+    """abar_k for k = 0..T-1 (Nichol & Dhariwal 2021), betas capped at `max_beta`."""
+    f = lambda t: math.cos((t / steps + s) / (1 + s) * math.pi / 2) ** 2  # noqa: E731
+    betas = torch.tensor([min(1 - f(i + 1) / f(i), max_beta) for i in range(steps)], dtype=torch.float64)
+    return torch.cumprod(1 - betas, 0).float()
+
+
+class DiffusionPolicy(nn.Module):
+    name = "diffusion"
+    config_class = DiffusionConfig
+
+    def __init__(self, config: DiffusionConfig, shapes: ObsShapes, stats: Mapping[str, Any] | None = None):
+        super().__init__()
+        self.config, self.shapes = config, shapes
+        self.body = ChunkBody(config, shapes, stats)
+        # Derived from the config, so not saved: persistent=False.
+        self.register_buffer("abar", squared_cosine_alphas_cumprod(config.train_steps), persistent=False)
+
+    def loss(self, batch: Mapping[str, torch.Tensor], weights: torch.Tensor | None = None) -> torch.Tensor:
+        actions = self.body.action_norm.normalize(batch[self.shapes.action_key].float())
+        cond = self.body.encode(batch)
+        eps = torch.randn_like(actions)
+        k = torch.randint(0, self.config.train_steps, (actions.shape[0],), device=actions.device)
+        abar = self.abar[k][:, None, None]
+        noisy = abar.sqrt() * actions + (1 - abar).sqrt() * eps
+        err = self.body.net(noisy, k.float(), cond) - eps
+        return weighted_mean(self.body.per_sample_loss(err, batch), weights)
+
+    def forward(self, batch: Mapping[str, torch.Tensor], weights: torch.Tensor | None = None) -> torch.Tensor:
+        return self.loss(batch, weights)
+
+    def ddim_timesteps(self, steps: int) -> list[int]:
+        stride = self.config.train_steps // steps
+        return list(range(0, stride * steps, stride))[::-1]  # e.g. T=100, 10 steps: 90, 80, ..., 0
+
+    @torch.no_grad()
+    def sample(self, cond: torch.Tensor, steps: int | None = None, noise: torch.Tensor | None = None) -> torch.Tensor:
+        n = steps or self.config.inference_steps
+        b = cond.shape[0]
+        x = noise if noise is not None else torch.randn(b, self.config.horizon, self.shapes.action_dim, device=cond.device)
+        ts = self.ddim_timesteps(n)
+        for i, k in enumerate(ts):
+            abar = self.abar[k]
+            abar_prev = self.abar[ts[i + 1]] if i + 1 < len(ts) else torch.ones((), device=cond.device)
+            eps = self.body.net(x, torch.full((b,), float(k), device=cond.device), cond)
+            x0 = (x - (1 - abar).sqrt() * eps) / abar.sqrt()
+            if self.config.clip_sample:
+                x0 = x0.clamp(-1, 1)
+            x = abar_prev.sqrt() * x0 + (1 - abar_prev).sqrt() * eps
+        return x
+
+    @torch.no_grad()
+    def predict(self, obs_window: Mapping[str, Any], steps: int | None = None) -> np.ndarray:
+        obs = self.body.obs_from_window(obs_window)
+        chunk = self.sample(self.body.encode(obs), steps)
+        return self.body.action_norm.unnormalize(chunk).float().cpu().numpy()

@@ -1,0 +1,1 @@
+"""Networks the policies are built from: backbones over action chunks and observation encoders."""

@@ -1,0 +1,143 @@
+"""Observation encoders: a low-dim MLP and a ResNet-18-style image encoder with GroupNorm.
+
+torchvision's ResNet is not usable with the CPU torch build here, so the network is written out.
+BatchNorm is replaced by GroupNorm because EMA weights and tiny per-GPU batches make BatchNorm's
+running statistics unreliable (Chi et al. 2023 do the same).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def mlp(dims: list[int], act: type[nn.Module] = nn.Mish, final_act: bool = False) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
+        layers.append(nn.Linear(a, b))
+        if i < len(dims) - 2 or final_act:
+            layers.append(act())
+    return nn.Sequential(*layers)
+
+
+def _group_norm(channels: int) -> nn.GroupNorm:
+    # 16 channels per group, as in diffusion_policy's replacement of BatchNorm.
+    return nn.GroupNorm(max(1, channels // 16), channels)
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, c_in: int, c_out: int, stride: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
+        self.norm1 = _group_norm(c_out)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
+        self.norm2 = _group_norm(c_out)
+        self.skip = None
+        if stride != 1 or c_in != c_out:
+            self.skip = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride, bias=False), _group_norm(c_out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.relu(self.norm1(self.conv1(x)))
+        y = self.norm2(self.conv2(y))
+        return F.relu(y + (x if self.skip is None else self.skip(x)))
+
+
+class SpatialSoftmax(nn.Module):
+    """Expected (x, y) image coordinates of each of `n_keypoints` learned feature maps."""
+
+    def __init__(self, channels: int, n_keypoints: int):
+        super().__init__()
+        self.proj = nn.Conv2d(channels, n_keypoints, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, _, h, w = x.shape
+        logits = self.proj(x).flatten(2)  # B K HW
+        attn = logits.softmax(-1)
+        ys = torch.linspace(-1, 1, h, device=x.device, dtype=attn.dtype)
+        xs = torch.linspace(-1, 1, w, device=x.device, dtype=attn.dtype)
+        gy, gx = torch.meshgrid(ys, xs, indexing="ij")
+        grid = torch.stack([gx.reshape(-1), gy.reshape(-1)], -1)  # HW 2
+        return (attn @ grid).flatten(1)  # B 2K
+
+
+class ResNet18GN(nn.Module):
+    """ResNet-18 layout (stem, 4 stages x 2 basic blocks) with GroupNorm, ending in a spatial
+    softmax (keypoints keep *where* things are, which global pooling throws away) and a linear
+    projection to `out_dim`. `width` is the first stage's channels (64 in the original)."""
+
+    def __init__(self, out_dim: int = 64, width: int = 64, n_keypoints: int = 32):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, width, 7, 2, 3, bias=False), _group_norm(width), nn.ReLU(),
+                                  nn.MaxPool2d(3, 2, 1))
+        blocks, c = [], width
+        for i, mult in enumerate((1, 2, 4, 8)):
+            c_out = width * mult
+            blocks += [BasicBlock(c, c_out, 1 if i == 0 else 2), BasicBlock(c_out, c_out, 1)]
+            c = c_out
+        self.blocks = nn.Sequential(*blocks)
+        self.pool = SpatialSoftmax(c, n_keypoints)
+        self.out = nn.Linear(2 * n_keypoints, out_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.pool(self.blocks(self.stem(x))))
+
+
+def random_crop(images: torch.Tensor, crop: tuple[int, int], generator: torch.Generator | None = None) -> torch.Tensor:
+    """One random crop per image (N C H W), vectorised with a gather instead of a Python loop."""
+    n, c, h, w = images.shape
+    ch, cw = crop
+    top = torch.randint(0, h - ch + 1, (n,), device=images.device, generator=generator)
+    left = torch.randint(0, w - cw + 1, (n,), device=images.device, generator=generator)
+    rows = (top[:, None] + torch.arange(ch, device=images.device))[:, None, :, None].expand(n, c, ch, w)
+    images = images.gather(2, rows)
+    cols = (left[:, None] + torch.arange(cw, device=images.device))[:, None, None, :].expand(n, c, ch, cw)
+    return images.gather(3, cols)
+
+
+def center_crop(images: torch.Tensor, crop: tuple[int, int]) -> torch.Tensor:
+    h, w = images.shape[-2:]
+    top, left = (h - crop[0]) // 2, (w - crop[1]) // 2
+    return images[..., top:top + crop[0], left:left + crop[1]]
+
+
+class CameraEncoder(nn.Module):
+    """uint8 HWC frames -> features. Random crop while training, centre crop when evaluating,
+    so train and test see the same scale."""
+
+    def __init__(self, image_size: tuple[int, int], out_dim: int, width: int, crop_ratio: float):
+        super().__init__()
+        self.crop = (max(8, int(math.floor(image_size[0] * crop_ratio))), max(8, int(math.floor(image_size[1] * crop_ratio))))
+        self.net = ResNet18GN(out_dim, width)
+
+    def forward(self, frames: torch.Tensor) -> torch.Tensor:
+        lead = frames.shape[:-3]
+        x = frames.reshape(-1, *frames.shape[-3:]).permute(0, 3, 1, 2).float().div_(127.5).sub_(1.0)
+        x = random_crop(x, self.crop) if self.training else center_crop(x, self.crop)
+        return self.net(x).reshape(*lead, -1)
+
+
+class ObsEncoder(nn.Module):
+    """A window of observations (each key B x To x ...) -> one conditioning vector per sample.
+
+    Low-dim keys are normalised (by the policy) and concatenated per frame; each camera has its
+    own encoder; all frames' features are flattened and passed through an MLP."""
+
+    def __init__(self, lowdim_dims: dict[str, int], image_sizes: dict[str, tuple[int, int]], n_obs: int,
+                 out_dim: int = 256, image_feature_dim: int = 64, image_width: int = 64, crop_ratio: float = 0.9):
+        super().__init__()
+        self.lowdim_keys = sorted(lowdim_dims)
+        self.camera_keys = sorted(image_sizes)
+        self.cameras = nn.ModuleDict({k.replace("/", "__"): CameraEncoder(tuple(image_sizes[k]), image_feature_dim, image_width, crop_ratio)
+                                      for k in self.camera_keys})
+        per_frame = sum(lowdim_dims.values()) + image_feature_dim * len(self.camera_keys)
+        self.mlp = mlp([per_frame * n_obs, out_dim, out_dim], final_act=True)
+        self.out_dim = out_dim
+
+    def forward(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        parts = [obs[k] for k in self.lowdim_keys]
+        parts += [self.cameras[k.replace("/", "__")](obs[k]) for k in self.camera_keys]
+        x = torch.cat(parts, -1)  # B To F
+        return self.mlp(x.flatten(1))

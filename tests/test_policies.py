@@ -1,0 +1,355 @@
+"""Policies, the Learner and chunk execution: shapes, normalisation, losses that fall, a policy
+that overfits one twin demo and replays it, exact resume, and checkpoints that survive SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from robo_rl.data.sampler import WindowSampler
+from robo_rl.data.schema import EpisodeMeta, Schema
+from robo_rl.data.stats import get_stats
+from robo_rl.data.store import EpisodeStore
+from robo_rl.errors import ConfigError
+from robo_rl.learn import Learner, LearnerConfig, warmup_cosine
+from robo_rl.policies import ObsShapes, load_policy, make_policy, policy_spec
+from robo_rl.policies.common import TensorNormalizer, weighted_mean
+from robo_rl.policies.nets.encoders import ResNet18GN, random_crop
+from robo_rl.runtime.chunking import ChunkExecutor, ChunkingConfig
+from robo_rl.sim.rollout import wilson_interval
+
+TESTS = Path(__file__).parent
+ROOT = TESTS.parent
+TINY = {"down_dims": [16, 32], "obs_dim": 32, "horizon": 8, "n_action_steps": 4}
+TINY_DIT = {"backbone": "transformer", "dit_dim": 32, "dit_depth": 2, "dit_heads": 2, "obs_dim": 32, "horizon": 8,
+            "n_action_steps": 4}
+
+
+def smooth_store(path: Path, n_episodes: int = 4, length: int = 60, images: bool = False) -> EpisodeStore:
+    """Episodes where the action is a smooth function of the observation (learnable in seconds)."""
+    keys = {"obs/qpos": ((3,), "float32"), "action": ((2,), "float32")}
+    if images:
+        keys["obs/images/top"] = ((24, 24, 3), "uint8")
+    store = EpisodeStore.create(path, Schema.build(keys, fps=50, robot="toy"))
+    for e in range(n_episodes):
+        t = np.linspace(0, 1, length, dtype=np.float32)
+        phase = 0.3 * e
+        qpos = np.stack([np.sin(2 * t + phase), np.cos(2 * t + phase), t], -1).astype(np.float32)
+        data = {"obs/qpos": qpos, "action": np.stack([10 + 5 * np.sin(2 * t + phase + 0.1), -3 * t], -1).astype(np.float32)}
+        if images:
+            data["obs/images/top"] = np.broadcast_to((qpos[:, :1, None, None] * 100 + 120).astype(np.uint8),
+                                                     (length, 24, 24, 3)).copy()
+        store.add_episode(data, np.arange(length) / 50, "TELEOP", EpisodeMeta(task="toy"))
+    return store
+
+
+def tiny_setup(tmp_path, name="flow", options=TINY, images=False):
+    store = smooth_store(tmp_path / "store", images=images)
+    keys = ["obs/qpos"] + (["obs/images/top"] if images else [])
+    shapes = ObsShapes.from_schema(store.schema, keys)
+    stats = get_stats(store, ["obs/qpos", "action"], save=False)
+    policy = make_policy(name, options, shapes, stats)
+    sampler = WindowSampler(store, keys, n_obs=policy.config.n_obs, horizon=policy.config.horizon, device="cpu")
+    return store, policy, sampler
+
+
+# --------------------------------------------------------------------------- shapes and normalisation
+@pytest.mark.parametrize("name", ["flow", "diffusion"])
+@pytest.mark.parametrize("options", [TINY, TINY_DIT], ids=["unet", "dit"])
+def test_predict_shapes_and_raw_units(tmp_path, name, options):
+    store, policy, sampler = tiny_setup(tmp_path, name, options)
+    batch = sampler.sample(5, torch.Generator().manual_seed(0))
+    assert policy.loss(batch).ndim == 0
+    chunk = policy.eval().predict({"obs/qpos": batch["obs/qpos"].numpy()})
+    assert chunk.shape == (5, 8, 2) and chunk.dtype == np.float32
+    # An untrained policy's normalised output lies near [-1, 1]; in raw units the first action
+    # dimension is therefore centred on the data's centre (10), not on 0.
+    assert 0 < np.median(chunk[..., 0]) < 20
+
+
+def test_normaliser_round_trip_and_state_dict_carries_stats(tmp_path):
+    store, policy, _ = tiny_setup(tmp_path)
+    stats = get_stats(store, ["action"], save=False)["action"]
+    norm = TensorNormalizer(2, stats, "minmax")
+    x = torch.tensor(np.asarray([stats["min"], stats["max"]], dtype=np.float32))
+    assert torch.allclose(norm.normalize(x), torch.tensor([[-1.0, -1.0], [1.0, 1.0]]), atol=1e-5)
+    y = torch.randn(7, 2)
+    assert torch.allclose(norm.unnormalize(norm.normalize(y)), y, atol=1e-5)
+    sd = policy.state_dict()
+    assert {"body.action_norm.offset", "body.action_norm.scale", "body.norms.obs__qpos.offset"} <= set(sd)
+    rebuilt = make_policy("flow", policy_spec(policy)["config"], ObsShapes.from_dict(policy_spec(policy)["shapes"]))
+    rebuilt.load_state_dict(sd)
+    assert torch.equal(rebuilt.body.action_norm.scale, policy.body.action_norm.scale)
+
+
+def test_bad_policy_options_are_one_line_errors(tmp_path):
+    _, policy, _ = tiny_setup(tmp_path)
+    with pytest.raises(ConfigError, match="unknown option"):
+        make_policy("flow", {"horizn": 8}, policy.shapes)
+    with pytest.raises(ConfigError, match="choose one of"):
+        make_policy("bc", {}, policy.shapes)
+    with pytest.raises(ConfigError, match="divisible"):
+        make_policy("flow", {"horizon": 10, "down_dims": [8, 16, 32]}, policy.shapes)
+    with pytest.raises(ConfigError, match="expected"):
+        policy.predict({"obs/qpos": np.zeros((1, 5, 3), np.float32)})
+
+
+def test_image_encoder_crop_and_resnet():
+    imgs = torch.arange(2 * 3 * 10 * 12, dtype=torch.float32).reshape(2, 3, 10, 12)
+    crops = random_crop(imgs, (6, 7), torch.Generator().manual_seed(0))
+    assert crops.shape == (2, 3, 6, 7)
+    for i in range(2):  # every crop is a contiguous window of its own image
+        top = int((crops[i, 0, 0, 0] - imgs[i, 0, 0, 0]) // 12)
+        left = int((crops[i, 0, 0, 0] - imgs[i, 0, 0, 0]) % 12)
+        assert torch.equal(crops[i], imgs[i, :, top:top + 6, left:left + 7])
+    net = ResNet18GN(out_dim=16, width=8)
+    assert net(torch.randn(3, 3, 40, 40)).shape == (3, 16)
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in net.modules())
+
+
+# --------------------------------------------------------------------------- training
+@pytest.mark.parametrize("name,options", [("flow", TINY), ("diffusion", TINY), ("flow", TINY_DIT)], ids=["flow-unet", "diffusion-unet", "flow-dit"])
+def test_losses_decrease(tmp_path, name, options):
+    torch.manual_seed(0)
+    _, policy, sampler = tiny_setup(tmp_path, name, options)
+    cfg = LearnerConfig(steps=300, batch_size=32, lr=2e-3, warmup_steps=20, checkpoint_every=0, log_every=25)
+    learner = Learner(policy, cfg, tmp_path / "run", lambda bs, g, w: sampler.sample(bs, g, w), progress=False)
+    learner.fit()
+    losses = [r["loss"] for r in learner.history]
+    assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_image_policy_trains_end_to_end(tmp_path):
+    torch.manual_seed(0)
+    opts = {**TINY, "image_width": 8, "image_feature_dim": 8}
+    _, policy, sampler = tiny_setup(tmp_path, "flow", opts, images=True)
+    cfg = LearnerConfig(steps=60, batch_size=16, lr=2e-3, warmup_steps=5, checkpoint_every=0, log_every=10)
+    learner = Learner(policy, cfg, tmp_path / "run", lambda bs, g, w: sampler.sample(bs, g, w), progress=False)
+    learner.fit()
+    assert learner.history[-1]["loss"] < learner.history[0]["loss"]
+    batch = sampler.sample(2, torch.Generator().manual_seed(1))
+    out = policy.eval().predict({k: batch[k].numpy() for k in ("obs/qpos", "obs/images/top")})
+    assert out.shape == (2, 8, 2)
+
+
+def test_weighted_mean_and_schedule():
+    assert weighted_mean(torch.tensor([1.0, 3.0]), torch.tensor([1.0, 0.0])).item() == 1.0
+    assert weighted_mean(torch.tensor([1.0, 3.0]), None).item() == 2.0
+    assert warmup_cosine(0, 10, 100, 0.0) == pytest.approx(0.1)
+    assert warmup_cosine(9, 10, 100, 0.0) == pytest.approx(1.0)
+    assert warmup_cosine(100, 10, 100, 0.1) == pytest.approx(0.1)
+
+
+def test_resume_gives_identical_next_step_loss(tmp_path):
+    torch.manual_seed(0)
+    _, policy, sampler = tiny_setup(tmp_path, "flow", TINY)
+    sample = lambda bs, g, w: sampler.sample(bs, g, w)  # noqa: E731
+    cfg = LearnerConfig(steps=100, batch_size=16, lr=1e-3, warmup_steps=5, checkpoint_every=0, seed=3)
+    a = Learner(policy, cfg, tmp_path / "a", sample, extra={"policy": policy_spec(policy)}, progress=False)
+    for _ in range(7):
+        a.train_step()
+    path = a.save()
+    expected = [a.train_step() for _ in range(3)]
+
+    _, policy_b, _ = tiny_setup(tmp_path / "b_store", "flow", TINY)
+    b = Learner(policy_b, cfg, tmp_path / "b", sample, progress=False)
+    random.random(), np.random.rand(), torch.rand(3)  # resume must restore every RNG, not inherit them
+    b.load(path)
+    assert b.step == 7
+    got = [b.train_step() for _ in range(3)]
+    assert got == expected
+    for pa, pb in zip(a.ema.parameters(), b.ema.parameters()):
+        assert torch.equal(pa, pb)
+    # And the checkpoint rebuilds the policy on its own.
+    restored, again = load_policy(path), load_policy(path)
+    obs = {"obs/qpos": np.zeros((1, 2, 3), np.float32)}
+    torch.manual_seed(5)
+    r1 = restored.predict(obs)
+    torch.manual_seed(5)
+    assert np.array_equal(r1, again.predict(obs))
+
+
+def test_kill_during_checkpoint_leaves_last_good(tmp_path):
+    rng = random.Random(0)
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    for trial in range(5):
+        run = tmp_path / f"run{trial}"
+        proc = subprocess.Popen([sys.executable, str(TESTS / "ckpt_writer.py"), str(run)], stdout=subprocess.PIPE,
+                                text=True, env=env)
+        first = proc.stdout.readline()
+        assert first.startswith("saved"), first
+        time.sleep(rng.uniform(0.0, 1.5))
+        os.kill(proc.pid, signal.SIGKILL)
+        out = proc.communicate()[0]
+        committed = [int(line.split()[1]) for line in [first, *out.splitlines()] if line.startswith("saved")]
+        ckpt = torch.load(run / "checkpoints" / "last.pt", weights_only=False)
+        # The file on disk is a whole checkpoint: the last announced one, or the one whose rename
+        # landed just before the kill (announced or not).
+        assert ckpt["step"] in (committed[-1], committed[-1] + 1)
+        assert ckpt["model"]["w.weight"].shape == (1500, 1500)
+
+
+# --------------------------------------------------------------------------- execution
+def test_receding_handover_has_no_jump():
+    ex = ChunkExecutor(ChunkingConfig(n_action_steps=4, blend_steps=3), horizon=8)
+    old = np.zeros((8, 1))
+    new = np.full((8, 1), 1.0)  # a new chunk that disagrees by 1 with the old one
+    cmds = []
+    for t in range(12):
+        if ex.needs_prediction():
+            ex.push(old if t == 0 else new)
+        cmds.append(float(ex.next()[0]))
+    steps = np.abs(np.diff(cmds))
+    assert steps.max() <= 0.25 + 1e-9  # the 1.0 disagreement spread over blend_steps + 1 ticks
+    assert cmds[-1] == 1.0
+    hard = ChunkExecutor(ChunkingConfig(n_action_steps=4, blend_steps=0), horizon=8)
+    jumps = []
+    for t in range(8):
+        if hard.needs_prediction():
+            hard.push(old if t == 0 else new)
+        jumps.append(float(hard.next()[0]))
+    assert np.abs(np.diff(jumps)).max() == 1.0
+
+
+def test_temporal_ensembling_weights_oldest_most():
+    ex = ChunkExecutor(ChunkingConfig(mode="ensemble", query_every=1, ensemble_decay=0.5), horizon=4)
+    ex.push(np.zeros((4, 1)))
+    assert ex.next()[0] == 0.0
+    ex.push(np.ones((4, 1)))
+    w = np.exp(-0.5 * np.arange(2))
+    assert ex.next()[0] == pytest.approx(w[1] / w.sum())
+
+
+def test_wilson_interval_known_values():
+    lo, hi = wilson_interval(8, 10)
+    assert (round(lo, 3), round(hi, 3)) == (0.490, 0.943)
+    assert wilson_interval(0, 100)[0] == 0.0 and wilson_interval(100, 100)[1] == 1.0
+    assert wilson_interval(100, 100)[0] == pytest.approx(0.963, abs=1e-3)
+
+
+# --------------------------------------------------------------------------- in the twin
+@pytest.mark.slow
+def test_flow_policy_overfits_one_demo_and_replays_it(tmp_path):
+    """Record one clean expert demo, overfit a flow policy to it, and run the policy from the
+    same initial state: it must succeed and stay on the demo's joint trajectory."""
+    from robo_rl.sim.envs import BimanualEnv
+    from robo_rl.sim.expert import ExpertNoise
+    from robo_rl.sim.recording import demo_schema, demo_step
+
+    torch.manual_seed(0)
+    env = BimanualEnv("transfer_cube")
+    seed = 3
+    obs, _ = env.reset(seed=seed)
+    expert = env.expert(ExpertNoise.none())
+    steps = []
+    for _ in range(env.max_steps):
+        prev = obs
+        obs, _, term, trunc, info = env.step(expert.act())
+        steps.append(demo_step(prev, info["executed_action"], []))
+        if term or trunc:
+            break
+    assert info["success"]
+    schema = demo_schema(env, [], (1, 1))
+    store = EpisodeStore.create(tmp_path / "one", schema)
+    store.add_episode({k: np.stack([s[k] for s in steps]) for k in schema.keys}, np.arange(len(steps)) / 50,
+                      "SCRIPTED", EpisodeMeta(task="transfer_cube"))
+    keys = ["obs/qpos", "obs/env_state"]
+    shapes = ObsShapes.from_schema(store.schema, keys)
+    policy = make_policy("flow", {"down_dims": [32, 64], "obs_dim": 64, "horizon": 16, "n_action_steps": 8}, shapes,
+                         get_stats(store, [*keys, "action"], save=False))
+    sampler = WindowSampler(store, keys, n_obs=2, horizon=16, device="cpu")
+    cfg = LearnerConfig(steps=int(os.environ.get("OVERFIT_STEPS", "4000")), batch_size=64, lr=1e-3, warmup_steps=50,
+                        checkpoint_every=0, ema_decay=0.99)
+    Learner(policy, cfg, tmp_path / "run", lambda bs, g, w: sampler.sample(bs, g, w), progress=False).fit()
+    policy.eval()
+
+    demo_q = store.episode(0)["obs/qpos"]
+    obs, _ = env.reset(seed=seed)
+    ex = ChunkExecutor(ChunkingConfig(n_action_steps=8), horizon=16)
+    window = [obs] * 2
+    qs = []
+    for t in range(len(demo_q) + 40):
+        if ex.needs_prediction():
+            batch = {"obs/qpos": np.stack([w["qpos"] for w in window])[None],
+                     "obs/env_state": np.stack([w["env_state"] for w in window])[None]}
+            ex.push(policy.predict(batch)[0])
+        qs.append(obs["qpos"])
+        obs, _, term, trunc, info = env.step(ex.next().astype(np.float32))
+        window = window[1:] + [obs]
+        if term or trunc:
+            break
+    assert info["success"], f"the overfit policy did not finish the demo's task (stage {info['max_stage']})"
+    n = min(len(qs), len(demo_q))
+    err = np.abs(np.stack(qs[:n]) - demo_q[:n]).mean()
+    assert err < 0.05, f"mean joint deviation from the demo {err:.3f}"
+
+
+# --------------------------------------------------------------------------- the commands
+def _cli(*args, timeout=600):
+    env = {**os.environ, "MUJOCO_GL": "egl", "TQDM_DISABLE": "1"}
+    return subprocess.run([sys.executable, "-m", "robo_rl.cli.main", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=ROOT)
+
+
+def test_train_and_eval_commands_in_the_twin(tmp_path):
+    """collect -> train (a few steps) -> eval -> resume: the commands' files and tables."""
+    demos = tmp_path / "demos"
+    r = _cli("collect", "task=transfer_cube", "episodes=2", "cameras=[]", f"out={demos}")
+    assert r.returncode == 0, r.stderr
+    run = tmp_path / "run"
+    args = ["train", "policy=flow", "task=transfer_cube", f"dataset={demos}", f"run_dir={run}",
+            "learner.steps=20", "learner.batch_size=8", "learner.checkpoint_every=10", "eval.episodes=2",
+            "eval.n_envs=2", "eval.videos=1", "policy.down_dims=[16,32,64]"]
+    r = _cli(*args)
+    assert r.returncode == 0, r.stderr
+    assert (run / "config.yaml").is_file() and (run / "checkpoints" / "last.pt").is_file()
+    assert list((run / "tb").iterdir()) and (run / "metrics.jsonl").read_text().strip()
+    assert "95% Wilson interval" in r.stdout
+    r = _cli(*args)  # a second run into the same directory must not clobber the first
+    assert r.returncode == 2 and r.stderr.startswith("error:") and "resume=true" in r.stderr
+    r = _cli(*[a if not a.startswith("learner.steps") else "learner.steps=30" for a in args], "resume=true")
+    assert r.returncode == 0 and "resumed" in r.stdout and "at step 20" in r.stdout, r.stdout + r.stderr
+    assert torch.load(run / "checkpoints" / "last.pt", weights_only=False)["step"] == 30
+    out = tmp_path / "eval"
+    r = _cli("eval", f"checkpoint={run / 'checkpoints' / 'last.pt'}", "episodes=3", "n_envs=3", "videos=1", f"out={out}")
+    assert r.returncode == 0, r.stderr
+    assert (out / "eval.json").is_file() and len(list((out / "videos").glob("*.mp4"))) == 1
+    assert "reached lifted_by_right" in r.stdout
+
+
+def test_commands_reject_bad_input_in_one_line(tmp_path):
+    r = _cli("train", f"dataset={tmp_path / 'nope'}")
+    assert r.returncode == 2 and r.stderr.startswith("error:") and "Traceback" not in r.stderr
+    r = _cli("eval", f"checkpoint={tmp_path / 'missing.pt'}")
+    assert r.returncode == 2 and "does not exist" in r.stderr and "Traceback" not in r.stderr
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a checkpoint")
+    r = _cli("eval", f"checkpoint={bad}")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    r = _cli("train", "task=fold_laundry")
+    assert r.returncode == 2 and "unknown" in r.stderr
+
+
+def test_ddp_under_torchrun(tmp_path):
+    """Two CPU processes (gloo) train the same policy; rank 0 checkpoints; weights stay in sync."""
+    store = smooth_store(tmp_path / "store")
+    store.close()
+    run = tmp_path / "run"
+    env = {**os.environ, "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                        "-m", "robo_rl.cli.main", "train", "task=transfer_cube", f"dataset={tmp_path / 'store'}",
+                        f"run_dir={run}", "obs_keys=[obs/qpos]", "learner.steps=6", "learner.batch_size=8",
+                        "eval.episodes=0", "policy.down_dims=[16,32]", "policy.horizon=8", "policy.n_action_steps=4"],
+                       capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    ckpt = torch.load(run / "checkpoints" / "last.pt", weights_only=False)
+    assert ckpt["step"] == 6 and "world 2" in r.stdout
