@@ -46,6 +46,14 @@ def run_eval(policy: Any, task: str, chunking: Mapping[str, Any], episodes: int,
                            video_dir=out / "videos" if out is not None else None, max_steps=max_steps, progress=progress)
 
 
+def write_eval(summary: Any, out: Path, **extra: Any) -> dict[str, Any]:
+    """eval.json in `out`: the summary plus `extra` (checkpoint, step, ...); returns the dict."""
+    result = {**summary.to_dict(), **extra}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "eval.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
 def print_summary(summary: Any, title: str) -> None:
     d = summary.to_dict()
     rows = [["success", f"{d['success_rate']:.1%} ({d['successes']}/{d['episodes']})"],
@@ -80,11 +88,8 @@ def run(cfg: DictConfig) -> int:
     torch.manual_seed(int(cfg.seed))
     summary = run_eval(policy, task, chunking, int(cfg.episodes), int(cfg.n_envs), int(cfg.seed), int(cfg.videos), out,
                        cfg.inference_steps, cfg.max_steps)
-    out.mkdir(parents=True, exist_ok=True)
-    result = summary.to_dict()
-    result.update(checkpoint=str(path), step=int(ckpt.get("step", 0)), ema=bool(cfg.ema), chunking=chunking,
-                  inference_steps=cfg.inference_steps or policy.config.inference_steps)
-    (out / "eval.json").write_text(json.dumps(result, indent=1))
+    result = write_eval(summary, out, checkpoint=str(path), step=int(ckpt.get("step", 0)), ema=bool(cfg.ema),
+                        chunking=chunking, inference_steps=cfg.inference_steps or policy.config.inference_steps)
     print_summary(summary, f"eval {task}: {policy.name} policy, step {result['step']}")
     print(f"results: {out / 'eval.json'}")
     return 0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -26,11 +25,12 @@ def default_run_dir(cfg: DictConfig) -> Path:
 def run(cfg: DictConfig) -> int:
     import torch
 
-    from robo_rl.cli.eval import print_summary, run_eval
+    from robo_rl.cli.eval import print_summary, run_eval, write_eval
     from robo_rl.data.sampler import WindowSampler
     from robo_rl.data.stats import get_stats
     from robo_rl.data.store import EpisodeStore
     from robo_rl.learn import Learner, LearnerConfig
+    from robo_rl.learn.learner import resolve_device
     from robo_rl.policies import ObsShapes, make_policy, policy_spec
     from robo_rl.sim.tasks import TASKS
 
@@ -54,11 +54,8 @@ def run(cfg: DictConfig) -> int:
     stats = get_stats(store, [*shapes.lowdim, shapes.action_key], save=False)
     policy_options = {k: v for k, v in OmegaConf.to_container(cfg.policy, resolve=True).items() if k != "name"}
     policy = make_policy(cfg.policy.name, policy_options, shapes, stats)
-    device = learner_cfg.device
-    from robo_rl.learn.learner import resolve_device
-
     sampler = WindowSampler(store, obs_keys, n_obs=policy.config.n_obs, horizon=policy.config.horizon,
-                            episodes=range(n), device=resolve_device(device, int(os.environ.get("LOCAL_RANK", "0"))),
+                            episodes=range(n), device=resolve_device(learner_cfg.device, int(os.environ.get("LOCAL_RANK", "0"))),
                             segment_weights=OmegaConf.to_container(cfg.segment_weights) if cfg.segment_weights else None)
     chunking = OmegaConf.to_container(cfg.eval.chunking, resolve=True)
     extra = {"policy": policy_spec(policy), "task": cfg.task, "dataset": str(cfg.dataset), "n_episodes": n,
@@ -68,9 +65,7 @@ def run(cfg: DictConfig) -> int:
         out = run_dir / f"eval-step{step}"
         summary = run_eval(model, cfg.task, chunking, int(cfg.eval.episodes), int(cfg.eval.n_envs), int(cfg.eval.seed),
                            int(cfg.eval.videos), out, progress=True)
-        d = summary.to_dict()
-        (out / "eval.json").parent.mkdir(parents=True, exist_ok=True)
-        (out / "eval.json").write_text(json.dumps(d, indent=1))
+        d = write_eval(summary, out, step=step)
         print_summary(summary, f"eval {cfg.task} at step {step}")
         return {"success_rate": d["success_rate"], "ci95_low": d["ci95_low"], "ci95_high": d["ci95_high"],
                 "mean_length": d["mean_length"], **{f"reach_{k}": v for k, v in d["stage_reach"].items()}}

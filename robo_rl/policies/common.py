@@ -101,9 +101,8 @@ class ChunkConfig:
         unknown = sorted(set(d) - names)
         if unknown:
             raise ConfigError(f"{cls.__name__}: unknown option(s) {unknown}; known: {sorted(names)}")
-        for k in ("down_dims",):
-            if k in d and d[k] is not None:
-                d[k] = tuple(int(x) for x in d[k])
+        if d.get("down_dims") is not None:
+            d["down_dims"] = tuple(int(x) for x in d["down_dims"])
         cfg = cls(**d)
         cfg.validate()
         return cfg
@@ -183,6 +182,13 @@ class ChunkBody(nn.Module):
                 raise ConfigError(f"observation {k!r} has shape {tuple(v.shape)}; expected (batch, {self.cfg.n_obs}, ...)")
             out[k] = v
         return out
+
+    @torch.no_grad()
+    def predict(self, sample: Any, obs_window: Mapping[str, Any], steps: int | None) -> np.ndarray:
+        """Raw observation windows -> raw action chunks (B H A), with the policy's own sampler
+        (`sample(cond, steps)` returns normalised chunks)."""
+        chunk = sample(self.encode(self.obs_from_window(obs_window)), steps)
+        return self.action_norm.unnormalize(chunk).float().cpu().numpy()
 
     def per_sample_loss(self, err: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """Mean squared error per sample (B), optionally ignoring padded actions past an episode end."""

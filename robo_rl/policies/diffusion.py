@@ -83,8 +83,5 @@ class DiffusionPolicy(nn.Module):
             x = abar_prev.sqrt() * x0 + (1 - abar_prev).sqrt() * eps
         return x
 
-    @torch.no_grad()
     def predict(self, obs_window: Mapping[str, Any], steps: int | None = None) -> np.ndarray:
-        obs = self.body.obs_from_window(obs_window)
-        chunk = self.sample(self.body.encode(obs), steps)
-        return self.body.action_norm.unnormalize(chunk).float().cpu().numpy()
+        return self.body.predict(self.sample, obs_window, steps)

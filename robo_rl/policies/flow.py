@@ -78,8 +78,5 @@ class FlowPolicy(nn.Module):
             x = x + dt * self.velocity(x, tau, cond)
         return x
 
-    @torch.no_grad()
     def predict(self, obs_window: Mapping[str, Any], steps: int | None = None) -> np.ndarray:
-        obs = self.body.obs_from_window(obs_window)
-        chunk = self.sample(self.body.encode(obs), steps)
-        return self.body.action_norm.unnormalize(chunk).float().cpu().numpy()
+        return self.body.predict(self.sample, obs_window, steps)

@@ -132,6 +132,7 @@ def evaluate_policy(
     results: list[EpisodeResult] = []
     video_paths: list[str] = []
     next_episode = 0
+    videos_started = 0  # env 0 records its first `videos` episodes
     bar = None
     if progress:
         from tqdm import tqdm
@@ -139,17 +140,17 @@ def evaluate_policy(
         bar = tqdm(total=episodes, desc=f"eval {task}", unit="ep", dynamic_ncols=True)
 
     def start(i: int) -> None:
-        nonlocal next_episode
+        nonlocal next_episode, videos_started
         seeds[i] = seed + next_episode
         obs, _ = envs[i].reset(seed=seeds[i])
         execs[i].reset()
         windows[i] = [_env_obs(obs, obs_keys)] * n_obs  # pad with the first frame, as the sampler does
         lengths[i], max_stage[i], active[i] = 0, 0, True
-        frames[i] = [envs[i].render()] if (i == 0 and len(video_paths) + _recording(frames) < videos) else None
+        frames[i] = None
+        if i == 0 and videos_started < videos:
+            frames[i] = [envs[i].render()]
+            videos_started += 1
         next_episode += 1
-
-    def _recording(fr: list) -> int:
-        return sum(f is not None for f in fr)
 
     t0 = time.perf_counter()
     for i in range(n_envs):
