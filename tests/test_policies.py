@@ -29,7 +29,7 @@ from robo_rl.sim.rollout import wilson_interval
 
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent
-TINY = {"down_dims": [16, 32], "obs_dim": 32, "horizon": 8, "n_action_steps": 4}
+TINY = {"backbone": "unet", "down_dims": [16, 32], "obs_dim": 32, "horizon": 8, "n_action_steps": 4}
 TINY_DIT = {"backbone": "transformer", "dit_dim": 32, "dit_depth": 2, "dit_heads": 2, "obs_dim": 32, "horizon": 8,
             "n_action_steps": 4}
 
@@ -91,6 +91,44 @@ def test_normaliser_round_trip_and_state_dict_carries_stats(tmp_path):
     assert torch.equal(rebuilt.body.action_norm.scale, policy.body.action_norm.scale)
 
 
+def test_observation_span_floor_keeps_still_dims_from_blowing_up():
+    """A dimension that barely moved in the demos (span 0.003) must not be scaled by ~700: with the
+    floor, a 0.01 deviation at run time stays a small normalised input."""
+    stats = {"min": [0.0, -1.0], "max": [0.003, 1.0], "mean": [0.0015, 0.0], "std": [0.001, 0.5],
+             "p01": [0.0, -1.0], "p99": [0.003, 1.0]}
+    raw = TensorNormalizer(2, stats, "minmax")
+    floored = TensorNormalizer(2, stats, "minmax", min_span=0.05)
+    x = torch.tensor([[0.0115, 1.0]])
+    assert raw.normalize(x)[0, 0] > 6  # what the floor prevents
+    assert abs(float(floored.normalize(x)[0, 0])) < 0.5
+    assert float(floored.normalize(x)[0, 1]) == pytest.approx(1.0)  # wide dims are untouched
+    assert torch.allclose(floored.unnormalize(floored.normalize(x)), x, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["flow", "diffusion"])
+@pytest.mark.parametrize("options", [TINY, TINY_DIT], ids=["unet", "dit"])
+def test_frozen_predictor_matches_eager(tmp_path, name, options):
+    """The traced, frozen sampler gives the eager policy's chunks for the same noise, at more than
+    one batch size."""
+    from robo_rl.policies.common import FrozenPredictor
+
+    _, policy, sampler = tiny_setup(tmp_path, name, options, images=True)
+    policy.eval()
+    frozen = FrozenPredictor(policy)
+    for b in (1, 3):
+        batch = sampler.sample(b, torch.Generator().manual_seed(b))
+        window = {k: batch[k].numpy() for k in ("obs/qpos", "obs/images/top")}
+        torch.manual_seed(7)
+        fast = frozen(window)
+        torch.manual_seed(7)
+        noise = torch.randn(b, policy.config.horizon, policy.shapes.action_dim)
+        with torch.no_grad():
+            cond = policy.body.encode(policy.body.obs_from_window(window))
+            eager = policy.body.action_norm.unnormalize(policy.sample(cond, None, noise)).numpy()
+        assert fast.shape == (b, 8, 2)
+        np.testing.assert_allclose(fast, eager, rtol=1e-4, atol=1e-4)
+
+
 def test_bad_policy_options_are_one_line_errors(tmp_path):
     _, policy, _ = tiny_setup(tmp_path)
     with pytest.raises(ConfigError, match="unknown option"):
@@ -98,7 +136,7 @@ def test_bad_policy_options_are_one_line_errors(tmp_path):
     with pytest.raises(ConfigError, match="choose one of"):
         make_policy("bc", {}, policy.shapes)
     with pytest.raises(ConfigError, match="divisible"):
-        make_policy("flow", {"horizon": 10, "down_dims": [8, 16, 32]}, policy.shapes)
+        make_policy("flow", {"backbone": "unet", "horizon": 10, "down_dims": [8, 16, 32]}, policy.shapes)
     with pytest.raises(ConfigError, match="expected"):
         policy.predict({"obs/qpos": np.zeros((1, 5, 3), np.float32)})
 
@@ -147,6 +185,14 @@ def test_weighted_mean_and_schedule():
     assert warmup_cosine(0, 10, 100, 0.0) == pytest.approx(0.1)
     assert warmup_cosine(9, 10, 100, 0.0) == pytest.approx(1.0)
     assert warmup_cosine(100, 10, 100, 0.1) == pytest.approx(0.1)
+
+
+def test_ddim_steps_start_from_pure_noise():
+    policy = make_policy("diffusion", TINY, ObsShapes({"obs/qpos": 3}, {}, 2))
+    assert policy.ddim_timesteps(10) == [99, 89, 79, 69, 59, 49, 39, 29, 19, 9]
+    assert policy.ddim_timesteps(1) == [99]
+    assert policy.ddim_timesteps(100) == list(range(99, -1, -1))
+    assert policy.abar[99] < 1e-3 < 0.99 < policy.abar[0]  # the last training step is (almost) pure noise
 
 
 def test_resume_gives_identical_next_step_loss(tmp_path):
@@ -266,10 +312,9 @@ def test_flow_policy_overfits_one_demo_and_replays_it(tmp_path):
                       "SCRIPTED", EpisodeMeta(task="transfer_cube"))
     keys = ["obs/qpos", "obs/env_state"]
     shapes = ObsShapes.from_schema(store.schema, keys)
-    policy = make_policy("flow", {"down_dims": [32, 64], "obs_dim": 64, "horizon": 16, "n_action_steps": 8}, shapes,
-                         get_stats(store, [*keys, "action"], save=False))
+    policy = make_policy("flow", {}, shapes, get_stats(store, [*keys, "action"], save=False))  # the defaults
     sampler = WindowSampler(store, keys, n_obs=2, horizon=16, device="cpu")
-    cfg = LearnerConfig(steps=int(os.environ.get("OVERFIT_STEPS", "4000")), batch_size=64, lr=1e-3, warmup_steps=50,
+    cfg = LearnerConfig(steps=int(os.environ.get("OVERFIT_STEPS", "6000")), batch_size=64, lr=3e-4, warmup_steps=100,
                         checkpoint_every=0, ema_decay=0.99)
     Learner(policy, cfg, tmp_path / "run", lambda bs, g, w: sampler.sample(bs, g, w), progress=False).fit()
     policy.eval()
@@ -310,7 +355,7 @@ def test_train_and_eval_commands_in_the_twin(tmp_path):
     run = tmp_path / "run"
     args = ["train", "policy=flow", "task=transfer_cube", f"dataset={demos}", f"run_dir={run}",
             "learner.steps=20", "learner.batch_size=8", "learner.checkpoint_every=10", "eval.episodes=2",
-            "eval.n_envs=2", "eval.videos=1", "policy.down_dims=[16,32,64]"]
+            "eval.n_envs=2", "eval.videos=1", "policy.dit_dim=32", "policy.dit_depth=2"]
     r = _cli(*args)
     assert r.returncode == 0, r.stderr
     assert (run / "config.yaml").is_file() and (run / "checkpoints" / "last.pt").is_file()
@@ -350,7 +395,7 @@ def test_ddp_under_torchrun(tmp_path):
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                         "-m", "robo_rl.cli.main", "train", "task=transfer_cube", f"dataset={tmp_path / 'store'}",
                         f"run_dir={run}", "obs_keys=[obs/qpos]", "learner.steps=6", "learner.batch_size=8",
-                        "eval.episodes=0", "policy.down_dims=[16,32]", "policy.horizon=8", "policy.n_action_steps=4"],
+                        "eval.episodes=0", "policy.dit_dim=32", "policy.dit_depth=2", "policy.horizon=8", "policy.n_action_steps=4"],
                        capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     ckpt = torch.load(run / "checkpoints" / "last.pt", weights_only=False)

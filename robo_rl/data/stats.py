@@ -66,7 +66,11 @@ class Normalizer:
         self.mode = mode
 
     @classmethod
-    def from_stats(cls, stats: Mapping[str, Any], mode: str = "minmax", shape: tuple[int, ...] | None = None) -> "Normalizer":
+    def from_stats(cls, stats: Mapping[str, Any], mode: str = "minmax", shape: tuple[int, ...] | None = None,
+                   min_span: float = 0.0) -> "Normalizer":
+        """`min_span` floors hi - lo (minmax / percentile) or 2 std (meanstd): a dimension that
+        barely moved in the demos would otherwise be scaled up so far that a small deviation at
+        run time lands far outside anything the network saw."""
         if mode not in NORM_MODES:
             raise ConfigError(f"normalisation mode {mode!r} unknown; choose one of {NORM_MODES}")
         s = {k: np.asarray(v, dtype=np.float64) for k, v in stats.items()}
@@ -74,10 +78,11 @@ class Normalizer:
             offset, scale = np.zeros_like(s["mean"]), np.ones_like(s["mean"])
         elif mode == "meanstd":
             offset = s["mean"]
-            scale = 1.0 / np.where(s["std"] < 1e-6, 1.0, s["std"])
+            std = np.maximum(s["std"], min_span / 2)
+            scale = 1.0 / np.where(std < 1e-6, 1.0, std)
         else:
             lo, hi = (s["min"], s["max"]) if mode == "minmax" else (s["p01"], s["p99"])
-            span = hi - lo
+            span = np.maximum(hi - lo, min_span)
             constant = span < 1e-6
             offset = (hi + lo) / 2
             scale = np.where(constant, 1.0, 2.0 / np.where(constant, 1.0, span))

@@ -64,8 +64,11 @@ class DiffusionPolicy(nn.Module):
         return self.loss(batch, weights)
 
     def ddim_timesteps(self, steps: int) -> list[int]:
-        stride = self.config.train_steps // steps
-        return list(range(0, stride * steps, stride))[::-1]  # e.g. T=100, 10 steps: 90, 80, ..., 0
+        """Evenly spaced steps ending at the last one ("trailing", Lin et al. 2024): T=100, 10
+        steps gives 99, 89, ..., 9, so the first step sees pure noise, which is what sampling
+        starts from (starting at 90 would treat noise as if it still held 14% of the signal)."""
+        stride = self.config.train_steps / steps
+        return [int(round(self.config.train_steps - i * stride)) - 1 for i in range(steps)]
 
     @torch.no_grad()
     def sample(self, cond: torch.Tensor, steps: int | None = None, noise: torch.Tensor | None = None) -> torch.Tensor:
@@ -73,10 +76,10 @@ class DiffusionPolicy(nn.Module):
         b = cond.shape[0]
         x = noise if noise is not None else torch.randn(b, self.config.horizon, self.shapes.action_dim, device=cond.device)
         ts = self.ddim_timesteps(n)
-        for i, k in enumerate(ts):
+        for i, (k, noise_of) in enumerate(zip(ts, self.body.step_fns([float(k) for k in ts], cond))):
             abar = self.abar[k]
             abar_prev = self.abar[ts[i + 1]] if i + 1 < len(ts) else torch.ones((), device=cond.device)
-            eps = self.body.net(x, torch.full((b,), float(k), device=cond.device), cond)
+            eps = noise_of(x)
             x0 = (x - (1 - abar).sqrt() * eps) / abar.sqrt()
             if self.config.clip_sample:
                 x0 = x0.clamp(-1, 1)

@@ -73,9 +73,8 @@ class FlowPolicy(nn.Module):
         b = cond.shape[0]
         x = noise if noise is not None else torch.randn(b, self.config.horizon, self.shapes.action_dim, device=cond.device)
         dt = 1.0 / k
-        for i in range(k):
-            tau = torch.full((b,), i * dt, device=cond.device)
-            x = x + dt * self.velocity(x, tau, cond)
+        for velocity in self.body.step_fns([i * dt * self.config.time_scale for i in range(k)], cond):
+            x = x + dt * velocity(x)
         return x
 
     def predict(self, obs_window: Mapping[str, Any], steps: int | None = None) -> np.ndarray:

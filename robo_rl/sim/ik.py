@@ -23,7 +23,7 @@ class ArmIK:
     """IK from a site's target pose to the arm's 6 joint positions."""
 
     def __init__(self, model: mujoco.MjModel, prefix: str, site: str = "ee", damping: float = 1e-3,
-                 posture: float = 1e-5, nominal: np.ndarray | None = None):
+                 posture: float = 1e-5, roll_posture: float = 1e-2, nominal: np.ndarray | None = None):
         self.model = model
         self.scratch = mujoco.MjData(model)
         names = ["waist", "shoulder", "elbow", "forearm_roll", "wrist_angle", "wrist_rotate"]
@@ -36,7 +36,11 @@ class ArmIK:
         self.damping = damping
         # A weak pull toward a nominal posture keeps the solver on one branch (roll joints near 0)
         # instead of wandering to an equivalent pose at a joint limit and jumping back.
-        self.posture = posture
+        # The forearm roll gets a much stronger pull: where the wrist passes through straight
+        # (wrist angle 0) roll and wrist rotate become interchangeable, and a weak pull let the
+        # solver spin both by +-pi in either direction at random, making the demos bimodal.
+        self.posture = np.full(6, posture)
+        self.posture[3] = roll_posture
         self.nominal = np.array([0.0, -0.5, 0.8, 0.0, 0.5, 0.0]) if nominal is None else np.asarray(nominal)
         self._jp = np.zeros((3, model.nv))
         self._jr = np.zeros((3, model.nv))
@@ -68,7 +72,7 @@ class ArmIK:
             else:
                 jac, err = jp, e_p
             # argmin |J dq - e|^2 + damping |dq|^2 + posture |q + dq - nominal|^2
-            lhs = jac.T @ jac + (self.damping + self.posture) * np.eye(len(q))
+            lhs = jac.T @ jac + np.diag(self.damping + self.posture)
             dq = np.linalg.solve(lhs, jac.T @ err + self.posture * (self.nominal - q))
             q = np.clip(q + dq, self.lower, self.upper)
             if err_pos < 1e-4 and (rot is None or np.linalg.norm(err[3:]) < 1e-3):

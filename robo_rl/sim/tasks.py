@@ -162,7 +162,9 @@ class TransferCube:
         _, r_rot = ScriptedExpert.site_pose(robot, "right")
         down = topdown(yaw, r_rot[:, 1])
         meet = np.array(self.meet)
-        right_hand = rotation([-1, 0, 0], [0, 1, 0])  # pointing at the left arm, fingers across y
+        # pointing at the left arm, fingers across y: of the two equivalent finger directions the
+        # one nearer the grasp's, so the wrist turns the short way round
+        right_hand = rotation([-1, 0, 0], [0, 1, 0] if down[1, 1] >= 0 else [0, -1, 0])
         left_hand = rotation([1, 0, 0], [0, 0, 1])  # pointing at the right arm, fingers across z
         grasp_z = 0.032  # ee between the fingertips, 12 mm above the cube centre
         o1, o2 = approach_offset(rng, noise), approach_offset(rng, noise)
@@ -201,6 +203,14 @@ def make_task(name: str) -> Task:
 
 
 # ---------------------------------------------------------------------- Insertion
+def _pointing_down(robot: SimRobot, arm: str) -> np.ndarray:
+    """Fingers down, sliding along world y, in whichever of the two equivalent directions is
+    nearer the hand's current one: the wrist turns the short way, never half a turn that could
+    go either way (which would make the demos bimodal)."""
+    _, rot = ScriptedExpert.site_pose(robot, arm)
+    return rotation([0, 0, -1], [0, 1, 0] if rot[1, 1] >= 0 else [0, -1, 0])
+
+
 def _yaw_corrected(rot: np.ndarray, yaw: float) -> np.ndarray:
     """`rot` turned about world z by -yaw: a part grasped at `yaw` ends up at yaw 0."""
     c, s = np.cos(-yaw), np.sin(-yaw)
@@ -449,7 +459,7 @@ class PackCube:
             return Pose(np.array([pos[0], pos[1], max(pos[2], 0.16)]), rot, 0.45)
 
         # then parked beside its base, out of the lid's way
-        right_parked = Pose(np.array([0.22, 0.05, 0.16]), rotation([0, 0, -1], [0, 1, 0]), 0.45)
+        right_parked = lambda: Pose(np.array([0.22, 0.05, 0.16]), _pointing_down(robot, "right"), 0.45)  # noqa: E731
         segs = []
         if stage <= 2:
             segs += [
@@ -470,12 +480,12 @@ class PackCube:
 
     def _latch_segments(self, robot, rng, noise) -> list[Segment]:
         button = body_pos(robot, "button")
-        down = rotation([0, 0, -1], [0, 1, 0])
         cap_top = button[2] + 0.01
+        down = lambda z: Pose(np.array([button[0], button[1], z]), _pointing_down(robot, "right"), 0.0)  # noqa: E731
         return [
-            Segment("approach_latch", 1.0, right=Pose(button + [0, 0, 0.1], down, 0.0), stage=4),
-            Segment("press_latch", 0.8, right=Pose(np.array([button[0], button[1], cap_top + 0.02 - 0.014]), down, 0.0), stage=4),
-            Segment("release_latch", 0.5, right=Pose(button + [0, 0, 0.1], down, 0.0), stage=4),
+            Segment("approach_latch", 1.0, right=lambda: down(button[2] + 0.1), stage=4),
+            Segment("press_latch", 0.8, right=lambda: down(cap_top + 0.02 - 0.014), stage=4),
+            Segment("release_latch", 0.5, right=lambda: down(button[2] + 0.1), stage=4),
         ]
 
 

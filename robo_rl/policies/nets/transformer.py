@@ -30,7 +30,10 @@ class DiTBlock(nn.Module):
         nn.init.zeros_(self.ada[-1].bias)
 
     def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        shift1, scale1, gate1, shift2, scale2, gate2 = self.ada(c).chunk(6, -1)
+        return self.run(x, self.ada(c))
+
+    def run(self, x: torch.Tensor, modulation: torch.Tensor) -> torch.Tensor:
+        shift1, scale1, gate1, shift2, scale2, gate2 = modulation.chunk(6, -1)
         h = _modulate(self.norm1(x), shift1, scale1)
         x = x + gate1[:, None] * self.attn(h, h, h, need_weights=False)[0]
         return x + gate2[:, None] * self.mlp(_modulate(self.norm2(x), shift2, scale2))
@@ -54,9 +57,17 @@ class DiT1D(nn.Module):
             nn.init.zeros_(layer.bias)
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+        return self.run(x, self.modulations(t, cond))
+
+    def modulations(self, t: torch.Tensor, cond: torch.Tensor) -> list[torch.Tensor]:
+        """Everything that depends on (time, observation) only: every block's adaLN shifts, scales
+        and gates. A sampler computes them for all its steps in one batched call."""
         c = self.time_emb(t) + self.cond(cond)
+        return [block.ada(c) for block in self.blocks] + [self.final_ada(c)]
+
+    def run(self, x: torch.Tensor, modulations: list[torch.Tensor]) -> torch.Tensor:
         h = self.inp(x) + self.pos[:, : x.shape[1]]
-        for block in self.blocks:
-            h = block(h, c)
-        shift, scale = self.final_ada(c).chunk(2, -1)
+        for block, m in zip(self.blocks, modulations):
+            h = block.run(h, m)
+        shift, scale = modulations[-1].chunk(2, -1)
         return self.out(_modulate(self.norm(h), shift, scale))

@@ -68,11 +68,14 @@ class ConditionalUnet1D(nn.Module):
                 nn.Conv1d(b, b, 3, 2, 1) if not last else nn.Identity()]))
         mid = down_dims[-1]
         self.mid = nn.ModuleList([FiLMResBlock(mid, mid, c, kernel, groups), FiLMResBlock(mid, mid, c, kernel, groups)])
+        # Up path, deepest level first: upsample to the next finer level, join that level's skip
+        # features, then two FiLM blocks. Every resolution (the chunk's own included) has a path
+        # to the output, so the net can pass the noisy input through as well as reshape it.
         self.up = nn.ModuleList()
-        for i, (a, b) in enumerate(reversed(list(zip(dims[1:-1], dims[2:])))):
+        for fine, coarse in reversed(list(zip(down_dims[:-1], down_dims[1:]))):
             self.up.append(nn.ModuleList([
-                FiLMResBlock(b * 2, a, c, kernel, groups), FiLMResBlock(a, a, c, kernel, groups),
-                nn.ConvTranspose1d(a, a, 4, 2, 1)]))
+                nn.ConvTranspose1d(coarse, fine, 4, 2, 1),
+                FiLMResBlock(fine * 2, fine, c, kernel, groups), FiLMResBlock(fine, fine, c, kernel, groups)]))
         self.final = nn.Sequential(ConvBlock(down_dims[0], down_dims[0], kernel, groups), nn.Conv1d(down_dims[0], action_dim, 1))
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
@@ -83,9 +86,10 @@ class ConditionalUnet1D(nn.Module):
             h = res2(res1(h, g), g)
             skips.append(h)
             h = down(h)
+        skips.pop()  # the deepest level's output is the mid blocks' input already
         for res in self.mid:
             h = res(h, g)
-        for res1, res2, up in self.up:
-            h = torch.cat([h, skips.pop()], 1)
-            h = up(res2(res1(h, g), g))
+        for up, res1, res2 in self.up:
+            h = torch.cat([up(h), skips.pop()], 1)
+            h = res2(res1(h, g), g)
         return self.final(h).transpose(1, 2)
