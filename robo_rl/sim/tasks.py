@@ -114,6 +114,19 @@ def topdown(yaw: float, current_y: np.ndarray) -> np.ndarray:
     return rotation([0, 0, -1], y)
 
 
+def nearer(direction, current: np.ndarray) -> np.ndarray:
+    """`direction` or its opposite, whichever is nearer `current`: for a symmetric gripper both
+    finger directions are equivalent, and taking the nearer one makes the wrist turn the short
+    way, never half a turn that could go either way (which would make the demos bimodal)."""
+    d = np.asarray(direction, dtype=np.float64)
+    return d if d @ current >= 0 else -d
+
+
+def pointing_down(robot: SimRobot, arm: str) -> np.ndarray:
+    """Fingers down, sliding along world y in the direction nearer the hand's current one."""
+    return rotation([0, 0, -1], nearer([0, 1, 0], ScriptedExpert.site_pose(robot, arm)[1][:, 1]))
+
+
 # ---------------------------------------------------------------------- TransferCube
 @dataclass
 class TransferCube:
@@ -162,9 +175,7 @@ class TransferCube:
         _, r_rot = ScriptedExpert.site_pose(robot, "right")
         down = topdown(yaw, r_rot[:, 1])
         meet = np.array(self.meet)
-        # pointing at the left arm, fingers across y: of the two equivalent finger directions the
-        # one nearer the grasp's, so the wrist turns the short way round
-        right_hand = rotation([-1, 0, 0], [0, 1, 0] if down[1, 1] >= 0 else [0, -1, 0])
+        right_hand = rotation([-1, 0, 0], nearer([0, 1, 0], down[:, 1]))  # pointing at the left arm, fingers across y
         left_hand = rotation([1, 0, 0], [0, 0, 1])  # pointing at the right arm, fingers across z
         grasp_z = 0.032  # ee between the fingertips, 12 mm above the cube centre
         o1, o2 = approach_offset(rng, noise), approach_offset(rng, noise)
@@ -203,14 +214,6 @@ def make_task(name: str) -> Task:
 
 
 # ---------------------------------------------------------------------- Insertion
-def _pointing_down(robot: SimRobot, arm: str) -> np.ndarray:
-    """Fingers down, sliding along world y, in whichever of the two equivalent directions is
-    nearer the hand's current one: the wrist turns the short way, never half a turn that could
-    go either way (which would make the demos bimodal)."""
-    _, rot = ScriptedExpert.site_pose(robot, arm)
-    return rotation([0, 0, -1], [0, 1, 0] if rot[1, 1] >= 0 else [0, -1, 0])
-
-
 def _yaw_corrected(rot: np.ndarray, yaw: float) -> np.ndarray:
     """`rot` turned about world z by -yaw: a part grasped at `yaw` ends up at yaw 0."""
     c, s = np.cos(-yaw), np.sin(-yaw)
@@ -459,7 +462,7 @@ class PackCube:
             return Pose(np.array([pos[0], pos[1], max(pos[2], 0.16)]), rot, 0.45)
 
         # then parked beside its base, out of the lid's way
-        right_parked = lambda: Pose(np.array([0.22, 0.05, 0.16]), _pointing_down(robot, "right"), 0.45)  # noqa: E731
+        right_parked = lambda: Pose(np.array([0.22, 0.05, 0.16]), pointing_down(robot, "right"), 0.45)  # noqa: E731
         segs = []
         if stage <= 2:
             segs += [
@@ -481,7 +484,7 @@ class PackCube:
     def _latch_segments(self, robot, rng, noise) -> list[Segment]:
         button = body_pos(robot, "button")
         cap_top = button[2] + 0.01
-        down = lambda z: Pose(np.array([button[0], button[1], z]), _pointing_down(robot, "right"), 0.0)  # noqa: E731
+        down = lambda z: Pose(np.array([button[0], button[1], z]), pointing_down(robot, "right"), 0.0)  # noqa: E731
         return [
             Segment("approach_latch", 1.0, right=lambda: down(button[2] + 0.1), stage=4),
             Segment("press_latch", 0.8, right=lambda: down(cap_top + 0.02 - 0.014), stage=4),
