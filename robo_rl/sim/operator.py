@@ -14,23 +14,21 @@ Then it follows the RaC rules:
 2. CORRECTION: complete the current sub-task with the expert, planned from where things are.
 3. END: when the sub-task is done (its stage advanced), the episode ends.
 
-Its interface is the one a human on a teleop device gets (issue 5 drives both): each tick
-`step(policy_action)` returns the action to execute and who produced it, and `events` records
-takeover (with time, stage, reason), recovery_done and correction_done.
+It is a `robo_rl.rac.Operator`, the interface a human on a teleop device gets too: each tick
+`signal` says take_over / recovery_done / correction_done (or nothing) and, while in control,
+`command` gives the joints to send. `robo_rl.rac.InterventionController` owns the phase, the
+labels, the END rule and the smooth switch of control.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
-from robo_rl.data.schema import Segment as Label
+from robo_rl.rac.intervention import CORRECTION_DONE, RECOVERY_DONE, TAKE_OVER, OperatorEvent, Phase
 from robo_rl.sim.expert import ExpertNoise, Pose, ScriptedExpert, Segment
 from robo_rl.sim.tasks import finger_geoms, touching
-
-WATCHING, RECOVERY, CORRECTION, DONE = "watching", "recovery", "correction", "done"
 
 
 @dataclass
@@ -45,20 +43,11 @@ class OperatorConfig:
     expert_noise: ExpertNoise = field(default_factory=ExpertNoise)
 
 
-@dataclass
-class Event:
-    step: int
-    time: float
-    kind: str  # takeover | recovery_done | correction_done | correction_timeout
-    stage: int
-    reason: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        return {"step": self.step, "time": self.time, "kind": self.kind, "stage": self.stage, "reason": self.reason}
-
-
 class SimOperator:
-    """Watches a rollout of a BimanualEnv and intervenes; see the module docstring."""
+    """Watches a rollout of a BimanualEnv and intervenes (see the module docstring); implements
+    `robo_rl.rac.Operator`, so an InterventionController drives it as it would a human."""
+
+    name = "sim"
 
     def __init__(self, env, config: OperatorConfig | None = None, rng: np.random.Generator | None = None):
         self.env = env.unwrapped if hasattr(env, "unwrapped") else env
@@ -67,39 +56,57 @@ class SimOperator:
         self.reset()
 
     def reset(self) -> None:
-        self.phase = WATCHING
-        self.events: list[Event] = []
+        """Before each episode."""
         self._step = 0
-        self._max_stage = 0
-        self._stage_since = 0
-        self._closed_empty: dict[str, int] = {}
+        self._watch_from(0)
         self._plan: ScriptedExpert | None = None
+        self._plan_phase: Phase | None = None
         self._phase_start = 0
         self._stage_at_takeover = 0
-        self._last_action: np.ndarray | None = None
+        self._seen = Phase.AUTONOMOUS
 
-    # ------------------------------------------------------------------ the operator's interface
-    @property
-    def in_control(self) -> bool:
-        return self.phase in (RECOVERY, CORRECTION)
+    def _watch_from(self, stage: int) -> None:
+        self._max_stage, self._stage_since = stage, self._step
+        self._closed_empty: dict[str, int] = {}
 
-    @property
-    def finished(self) -> bool:
-        """The intervention is over: under RaC the episode ends now."""
-        return self.phase == DONE
-
-    def step(self, policy_action: np.ndarray | None) -> tuple[np.ndarray, Label]:
-        """Called once per control tick before acting. Returns (action to execute, its label):
-        the policy's own action labelled POLICY while watching, the operator's while in control."""
+    # ------------------------------------------------------------------ the Operator protocol
+    def signal(self, phase: Phase, policy_action: np.ndarray | None) -> OperatorEvent | None:
         stage = self.env.task.stage(self.env.robot)
-        if self.phase == WATCHING:
+        if phase != self._seen:
+            if phase == Phase.AUTONOMOUS:  # HG-DAgger handed control back: watch afresh from here
+                self._watch_from(stage)
+            self._seen, self._phase_start = phase, self._step
+        self._step += 1
+        if phase == Phase.AUTONOMOUS:
             reason = self._failure(stage, policy_action)
             if reason is not None:
-                self._take_over(stage, reason)
-        action, label = self._act(policy_action, stage)
-        self._last_action = np.asarray(action, dtype=np.float32)
-        self._step += 1
-        return self._last_action, label
+                self._stage_at_takeover = stage
+                return OperatorEvent(TAKE_OVER, reason)
+            return None
+        if phase == Phase.RECOVERY:
+            if self._plan_phase == Phase.RECOVERY and self._plan.done:
+                self._stage_at_takeover = min(self._stage_at_takeover, stage)
+                return OperatorEvent(RECOVERY_DONE)
+            return None
+        if phase == Phase.CORRECTION and self._plan_phase == Phase.CORRECTION:
+            dt = 1.0 / self.env.robot.spec.control_hz
+            if stage > self._stage_at_takeover:
+                return OperatorEvent(CORRECTION_DONE, "sub-task done")
+            if self._plan.done:
+                return OperatorEvent(CORRECTION_DONE, "plan finished")
+            if (self._step - self._phase_start) * dt > self.cfg.correction_timeout_s:
+                return OperatorEvent(CORRECTION_DONE, "timeout")
+        return None
+
+    def command(self, phase: Phase, last_command: np.ndarray) -> np.ndarray:
+        if self._plan_phase != phase:  # plan each phase from where things are when it begins
+            stage = self.env.task.stage(self.env.robot)
+            if phase == Phase.RECOVERY:
+                self._plan = self._recovery_plan(stage, last_command)
+            else:
+                self._plan = self.env.task.expert(self.env.robot, self.rng, self.cfg.expert_noise, start_command=last_command)
+            self._plan_phase = phase
+        return self._plan.act()
 
     # ------------------------------------------------------------------ detection
     def _failure(self, stage: int, policy_action: np.ndarray | None) -> str | None:
@@ -125,20 +132,12 @@ class SimOperator:
             return f"{steps_left * dt:.1f} s left and the task is unfinished"
         return None
 
-    # ------------------------------------------------------------------ intervention
-    def _take_over(self, stage: int, reason: str) -> None:
-        self.events.append(Event(self._step, self.env.robot.time, "takeover", stage, reason))
-        self._stage_at_takeover = stage
-        self.phase = RECOVERY
-        self._phase_start = self._step
-        self._plan = self._recovery_plan(stage)
-
-    def _recovery_plan(self, stage: int) -> ScriptedExpert:
+    # ------------------------------------------------------------------ recovery
+    def _recovery_plan(self, stage: int, start: np.ndarray) -> ScriptedExpert:
         """Open what holds nothing useful, lift away, go to the sub-task's pre-grasp pose."""
         env, robot = self.env, self.env.robot
         holding = {arm for arm, geom in env.task.grasp_targets(stage)
                    if touching(robot, geom, finger_geoms(robot, arm)[0]) and touching(robot, geom, finger_geoms(robot, arm)[1])}
-        start = self._last_action if self._last_action is not None else robot.joint_positions()
         reference: dict[str, Segment | None] = {}
 
         def pregrasp(arm: str):
@@ -168,30 +167,3 @@ class SimOperator:
             Segment("recovery_pregrasp", 1.0, left=pregrasp("left"), right=pregrasp("right")),
         ]
         return ScriptedExpert(robot, segs, self.rng, ExpertNoise.none(), start_command=start)
-
-    def _act(self, policy_action: np.ndarray | None, stage: int) -> tuple[np.ndarray, Label]:
-        env = self.env
-        if self.phase == WATCHING:
-            if policy_action is None:
-                raise ValueError("SimOperator.step: no policy action while the policy is in control")
-            return np.asarray(policy_action, dtype=np.float32), Label.POLICY
-        if self.phase == DONE:
-            return self._last_action, Label.CORRECTION
-        if self.phase == RECOVERY and self._plan.done:
-            self.events.append(Event(self._step, env.robot.time, "recovery_done", stage))
-            self.phase = CORRECTION
-            self._phase_start = self._step
-            self._stage_at_takeover = min(self._stage_at_takeover, stage)
-            self._plan = env.task.expert(env.robot, self.rng, self.cfg.expert_noise, start_command=self._last_action)
-        if self.phase == CORRECTION:
-            dt = 1.0 / env.robot.spec.control_hz
-            if stage > self._stage_at_takeover or self._plan.done:
-                self.events.append(Event(self._step, env.robot.time, "correction_done", stage))
-                self.phase = DONE
-                return self._last_action, Label.CORRECTION
-            if (self._step - self._phase_start) * dt > self.cfg.correction_timeout_s:
-                self.events.append(Event(self._step, env.robot.time, "correction_timeout", stage))
-                self.phase = DONE
-                return self._last_action, Label.CORRECTION
-            return self._plan.act(), Label.CORRECTION
-        return self._plan.act(), Label.RECOVERY
