@@ -90,3 +90,89 @@ def test_hg_dagger_limit_and_unfinished_intervention():
 def test_bad_intervention_config_is_a_one_line_error():
     with pytest.raises(ConfigError, match="mode='dagger'"):
         InterventionConfig(mode="dagger")
+
+
+# --------------------------------------------------------------------------- data composition
+from robo_rl.data.sampler import WindowSampler  # noqa: E402
+from robo_rl.data.schema import EpisodeMeta, Schema  # noqa: E402
+from robo_rl.data.store import EpisodeStore  # noqa: E402
+from robo_rl.rac.mixing import CompositionConfig, MixedSampler, composition_weights, pre_takeover_mask  # noqa: E402
+
+P, R, C, T = int(Segment.POLICY), int(Segment.RECOVERY), int(Segment.CORRECTION), int(Segment.TELEOP)
+
+
+def store_with(path, episodes):
+    """A real zarr store whose episodes carry the given per-step labels."""
+    store = EpisodeStore.create(path, Schema.build({"obs/qpos": ((2,), "float32"), "action": ((2,), "float32")}, fps=50))
+    for labels in episodes:
+        n = len(labels)
+        store.add_episode({"obs/qpos": np.zeros((n, 2), np.float32), "action": np.full((n, 2), n, np.float32)},
+                          np.arange(n) / 50, np.asarray(labels), EpisodeMeta(task="toy"))
+    return store
+
+
+def test_pre_takeover_mask_stays_inside_the_episode():
+    seg = np.array([P, P, P, P, R, R, C, P, P, C])
+    starts = np.array([0, 8])  # the second episode starts at step 8: its P at 8 precedes C at 9
+    mask = pre_takeover_mask(seg, starts, 2)
+    assert mask.tolist() == [False, False, True, True, False, False, False, False, True, False]
+
+
+@pytest.mark.parametrize("mode", ["rac", "corrections", "hg_dagger", "sirius", "all"])
+def test_composition_weights_masks_and_shares(mode):
+    demo = np.full(300, T)
+    inter = np.array([P] * 60 + [R] * 20 + [C] * 20 + [P] * 50 + [C] * 50)  # two episodes: 100 + 100
+    cfg = CompositionConfig(mode=mode, demo_share=0.4)
+    wd, wi = composition_weights([{"segments": demo, "episode_starts": [0], "demo": True},
+                                  {"segments": inter, "episode_starts": [0, 100]}], cfg)
+    total = wd.sum() + wi.sum()
+    assert total == pytest.approx(len(demo) + len(inter), rel=1e-5)  # mean weight 1
+    assert wd.sum() / total == pytest.approx(0.4, abs=1e-6)  # the mixing ratio
+    rec, cor, pol = wi[inter == R], wi[inter == C], wi[inter == P]
+    if mode in ("rac", "hg_dagger"):
+        assert pol.max() == 0 and rec.min() > 0 and cor.min() > 0 and (rec.sum() + cor.sum()) / total == pytest.approx(0.6)
+    if mode == "corrections":
+        assert pol.max() == 0 and rec.max() == 0 and cor.sum() / total == pytest.approx(0.6)
+    if mode == "sirius":
+        assert (rec.sum() + cor.sum()) / total == pytest.approx(0.5)  # interventions' fixed share
+        assert wi[45:60].max() == 0 and wi[0:45].min() > 0  # the 15 steps before the takeover weigh nothing
+        assert wi[135:150].max() == 0  # and before the second takeover
+    if mode == "all":
+        assert wi.min() > 0
+
+
+def test_bad_compositions_are_one_line_errors():
+    with pytest.raises(ConfigError, match="mode='dagger'"):
+        CompositionConfig(mode="dagger")
+    with pytest.raises(ConfigError, match="> 1"):
+        CompositionConfig(demo_share=0.7, intervention_share=0.5)
+    with pytest.raises(ConfigError, match="unknown label"):
+        CompositionConfig(segment_weights={"RESCUE": 1.0}).label_table()
+    with pytest.raises(ConfigError, match="intervention_share"):
+        composition_weights([{"segments": np.full(10, T), "demo": True}], CompositionConfig(intervention_share=0.5))
+
+
+@pytest.mark.parametrize("torch_rng", [False, True])
+def test_mixed_sampler_batches_follow_the_shares(tmp_path, torch_rng):
+    import torch
+
+    demos = store_with(tmp_path / "demos", [[T] * 40] * 5)
+    inter = store_with(tmp_path / "inter", [[P] * 30 + [R] * 10 + [C] * 10] * 2)
+    device = "cpu" if torch_rng else None
+    sd = WindowSampler(demos, ["obs/qpos"], horizon=4, device=device)
+    si = WindowSampler(inter, ["obs/qpos"], horizon=4, device=device)
+    wd, wi = composition_weights([{"segments": sd.data["segment"], "episode_starts": sd.start, "demo": True},
+                                  {"segments": si.data["segment"], "episode_starts": si.start}],
+                                 CompositionConfig(mode="rac", demo_share=0.25))
+    sd.reweight(wd)
+    si.reweight(wi)
+    mixed = MixedSampler([sd, si])
+    rng = torch.Generator().manual_seed(0) if torch_rng else np.random.default_rng(0)
+    batch = mixed.sample(4000, rng, weighted=True)
+    source = np.asarray(batch["source"])
+    seg = np.asarray(batch["segment"])
+    assert abs((source == 0).mean() - 0.25) < 0.03  # a quarter of each batch from the demos
+    assert not (seg[source == 1] == P).any()  # RaC: the policy's own steps are never drawn
+    assert set(np.unique(seg[source == 1])) == {R, C}
+    with pytest.raises(ConfigError, match="reweight"):
+        sd.reweight(np.ones(3))

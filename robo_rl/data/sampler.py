@@ -118,6 +118,16 @@ class WindowSampler:
     def __len__(self) -> int:
         return len(self.t)
 
+    def reweight(self, weights: np.ndarray) -> None:
+        """Replace the per-window weights (one per step of the selected episodes, in order), e.g.
+        with a RaC data composition (robo_rl.rac.mixing)."""
+        weights = np.asarray(weights, dtype=np.float32)
+        if weights.shape != self.weights.shape or (weights < 0).any() or not np.isfinite(weights).all():
+            raise ConfigError(f"reweight: need {self.weights.shape[0]} finite weights >= 0, got shape {weights.shape}")
+        self.weights = weights
+        if self._xp is not np:
+            self._cols["weight"] = self._xp.as_tensor(weights, device=self._cols["weight"].device)
+
     def get(self, idx: Any) -> dict[str, Any]:
         """The windows at step indices `idx` (1-D): a dict of batched numpy arrays, or torch tensors
         on `device` when the sampler has one."""

@@ -1,0 +1,175 @@
+"""Data composition for fine-tuning on intervention data (ALGORITHMS.md §2).
+
+Which steps train, and how much each counts, is one weight per step over the union of the
+pre-training demos and the intervention episodes. Three groups of steps:
+
+    demo          every step of the pre-training demos (TELEOP / SCRIPTED labels)
+    intervention  RECOVERY and CORRECTION steps: what the operator did
+    policy        POLICY steps of intervention episodes: what the policy did before a takeover
+
+`mode` picks the base weight per label:
+
+    rac          recovery and correction train, policy steps do not (Hu et al.)
+    corrections  only the correction segments (recovery masked): the ablation
+    hg_dagger    intervention steps only, plain behaviour cloning (Kelly et al.)
+    sirius       everything, the ~15 policy steps before a takeover near zero, interventions
+                 carrying a fixed share (default 50%) of the weight (Liu et al., IWR)
+    all          every step weighs 1
+
+`segment_weights` overrides the mode's table (0 masks a label). Shares then rescale whole groups:
+`demo_share` is the demos' part of the total weight, which under weighted sampling is the mean
+fraction of each batch drawn from the demos (the mixing ratio; 0.5 is HIL-SERL's half-half);
+`intervention_share` is the intervention steps' part. A group without a share keeps its natural
+proportion of what the shares leave.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from robo_rl.data.schema import Segment
+from robo_rl.errors import ConfigError
+
+OPERATOR_LABELS = (int(Segment.RECOVERY), int(Segment.CORRECTION))
+MODES: dict[str, dict[str, float]] = {
+    "rac": {"POLICY": 0.0, "RECOVERY": 1.0, "CORRECTION": 1.0},
+    "corrections": {"POLICY": 0.0, "RECOVERY": 0.0, "CORRECTION": 1.0},
+    "hg_dagger": {"POLICY": 0.0, "RECOVERY": 1.0, "CORRECTION": 1.0},
+    "sirius": {"POLICY": 1.0, "RECOVERY": 1.0, "CORRECTION": 1.0},
+    "all": {},
+}
+
+
+@dataclass
+class CompositionConfig:
+    mode: str = "rac"
+    segment_weights: Mapping[str, float] | None = None  # {label: weight} over the mode's table
+    demo_share: float | None = 0.5          # demos' share of the total weight (None: by their step count)
+    intervention_share: float | None = None  # RECOVERY + CORRECTION share (sirius default 0.5)
+    pre_takeover_steps: int | None = None   # policy steps before a takeover that get pre_takeover_weight (sirius: 15)
+    pre_takeover_weight: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError(f"composition mode={self.mode!r}; choose one of {', '.join(MODES)}")
+        if self.mode == "sirius":
+            self.intervention_share = 0.5 if self.intervention_share is None else self.intervention_share
+            self.pre_takeover_steps = 15 if self.pre_takeover_steps is None else self.pre_takeover_steps
+        self.pre_takeover_steps = int(self.pre_takeover_steps or 0)
+        for name in ("demo_share", "intervention_share"):
+            v = getattr(self, name)
+            if v is not None and not 0.0 <= v <= 1.0:
+                raise ConfigError(f"composition {name}={v} must be in [0, 1]")
+        if (self.demo_share or 0.0) + (self.intervention_share or 0.0) > 1.0 + 1e-9:
+            raise ConfigError(f"composition demo_share + intervention_share = "
+                              f"{(self.demo_share or 0) + (self.intervention_share or 0):.2f} > 1")
+        if self.pre_takeover_steps < 0 or self.pre_takeover_weight < 0:
+            raise ConfigError("composition pre_takeover_steps and pre_takeover_weight must be >= 0")
+
+    def label_table(self) -> np.ndarray:
+        table = np.ones(len(Segment), dtype=np.float64)
+        for name, w in {**MODES[self.mode], **dict(self.segment_weights or {})}.items():
+            try:
+                label = Segment.parse(name)
+            except Exception:
+                raise ConfigError(f"composition segment_weights: unknown label {name!r}; labels are "
+                                  f"{[s.name for s in Segment]}") from None
+            if w < 0:
+                raise ConfigError(f"composition segment weight for {name} is {w}; weights must be >= 0")
+            table[int(label)] = float(w)
+        return table
+
+
+def pre_takeover_mask(segments: np.ndarray, episode_starts: np.ndarray, n: int) -> np.ndarray:
+    """True on the (up to) n POLICY steps right before each switch to RECOVERY or CORRECTION,
+    within the same episode."""
+    seg = np.asarray(segments)
+    mask = np.zeros(len(seg), dtype=bool)
+    if n <= 0 or len(seg) == 0:
+        return mask
+    operator = np.isin(seg, OPERATOR_LABELS)
+    starts = np.zeros(len(seg), dtype=bool)
+    starts[np.asarray(episode_starts, dtype=np.int64)] = True
+    takeover = np.flatnonzero(operator & ~np.r_[False, operator[:-1]] & ~starts)  # first operator step of a run
+    episode_of = np.cumsum(starts) - 1
+    for t in takeover:
+        lo = max(t - n, 0)
+        same = (episode_of[lo:t] == episode_of[t]) & (seg[lo:t] == int(Segment.POLICY))
+        mask[lo:t] |= same
+    return mask
+
+
+def composition_weights(sources: Sequence[Mapping[str, Any]], cfg: CompositionConfig) -> list[np.ndarray]:
+    """Per-step weights for each source: {"segments": labels per step, "episode_starts": first
+    step of each episode, "demo": True for the pre-training demos}. Weights are scaled so their
+    mean over all steps is 1."""
+    table = cfg.label_table()
+    base, group = [], []
+    for src in sources:
+        seg = np.asarray(src["segments"], dtype=np.int64)
+        w = table[seg]
+        if not src.get("demo", False) and cfg.pre_takeover_steps:
+            w = np.where(pre_takeover_mask(seg, src["episode_starts"], cfg.pre_takeover_steps), cfg.pre_takeover_weight, w)
+        g = np.full(len(seg), "demo" if src.get("demo", False) else "policy", dtype=object)
+        if not src.get("demo", False):
+            g[np.isin(seg, OPERATOR_LABELS)] = "intervention"
+        base.append(w)
+        group.append(g)
+    w_all, g_all = np.concatenate(base), np.concatenate(group)
+    if w_all.sum() <= 0:
+        raise ConfigError(f"composition mode={cfg.mode}: every step has weight 0; nothing to train on")
+    totals = {g: float(w_all[g_all == g].sum()) for g in ("demo", "intervention", "policy")}
+    shares = {"demo": cfg.demo_share, "intervention": cfg.intervention_share, "policy": None}
+    for g, share in shares.items():
+        if share and totals[g] <= 0:
+            raise ConfigError(f"composition {g}_share={share} but the {g} steps have no weight "
+                              f"(mode={cfg.mode}, or no such steps in the data)")
+    fixed = sum(s for s in shares.values() if s is not None)
+    free_total = sum(totals[g] for g, s in shares.items() if s is None)
+    target = {}
+    for g, s in shares.items():
+        if s is not None:
+            target[g] = s
+        else:
+            target[g] = (1.0 - fixed) * totals[g] / free_total if free_total > 0 else 0.0
+    scale = {g: (target[g] / totals[g] if totals[g] > 0 else 0.0) for g in totals}
+    w_all = w_all * np.vectorize(scale.get, otypes=[float])(g_all)
+    w_all *= len(w_all) / w_all.sum()
+    return [part.astype(np.float32) for part in np.split(w_all, np.cumsum([len(b) for b in base])[:-1])]
+
+
+class MixedSampler:
+    """Windows from several WindowSamplers as one: weighted=True draws sources in proportion to
+    their total weight and windows within a source in proportion to theirs (so a composition's
+    shares are batch fractions); weighted=False draws uniformly over all windows. Adds "source"."""
+
+    def __init__(self, samplers: Sequence[Any]):
+        if not samplers:
+            raise ConfigError("MixedSampler: no samplers")
+        self.samplers = list(samplers)
+
+    def __len__(self) -> int:
+        return sum(len(s) for s in self.samplers)
+
+    def sample(self, batch_size: int, rng: Any = None, weighted: bool = False) -> dict[str, Any]:
+        import torch
+
+        mass = np.array([float(s.weights.sum()) if weighted else len(s) for s in self.samplers], dtype=np.float64)
+        if isinstance(rng, torch.Generator):
+            p = torch.as_tensor(mass / mass.sum(), dtype=torch.float32, device=rng.device)
+            counts = torch.multinomial(p, batch_size, replacement=True, generator=rng).bincount(minlength=len(mass)).tolist()
+        else:
+            rng = rng if rng is not None else np.random.default_rng()
+            counts = rng.multinomial(batch_size, mass / mass.sum()).tolist()
+        parts = [(i, s.sample(n, rng, weighted)) for i, (s, n) in enumerate(zip(self.samplers, counts)) if n > 0]
+        out = {}
+        for key in parts[0][1]:
+            vals = [p[key] for _, p in parts]
+            out[key] = torch.cat(vals) if torch.is_tensor(vals[0]) else np.concatenate(vals)
+        src = [np.full(len(p["index"]), i, dtype=np.int64) for i, p in parts]
+        out["source"] = torch.as_tensor(np.concatenate(src), device=out["index"].device) if torch.is_tensor(out["index"]) \
+            else np.concatenate(src)
+        return out
