@@ -176,3 +176,70 @@ def test_mixed_sampler_batches_follow_the_shares(tmp_path, torch_rng):
     assert set(np.unique(seg[source == 1])) == {R, C}
     with pytest.raises(ConfigError, match="reweight"):
         sd.reweight(np.ones(3))
+
+
+# --------------------------------------------------------------------------- a tiny round in the twin
+import json  # noqa: E402
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+
+def _cli(*args, timeout=900):
+    env = {**os.environ, "MUJOCO_GL": "egl", "TQDM_DISABLE": "1"}
+    return subprocess.run([sys.executable, "-m", "robo_rl.cli.main", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=Path(__file__).parents[1])
+
+
+def test_a_tiny_rac_round_end_to_end(tmp_path):
+    """collect -> pre-train (a few steps) -> rac: RaC, HG-DAgger and more demos each collect,
+    fine-tune from the checkpoint and evaluate; stores carry labels and intervention records,
+    HG-DAgger and the demos stop at RaC's operator samples (up to one episode), plots are written."""
+    demos, run, out = tmp_path / "demos", tmp_path / "run", tmp_path / "rac"
+    r = _cli("collect", "task=transfer_cube", "episodes=2", "cameras=[]", f"out={demos}")
+    assert r.returncode == 0, r.stderr
+    r = _cli("train", "policy=flow", "task=transfer_cube", f"dataset={demos}", f"run_dir={run}", "learner.steps=10",
+             "learner.batch_size=8", "eval.episodes=0", "policy.dit_dim=32", "policy.dit_depth=2")
+    assert r.returncode == 0, r.stderr
+    r = _cli("rac", f"checkpoint={run / 'checkpoints' / 'last.pt'}", "rounds=1", "episodes_per_round=2", "n_envs=2",
+             "finetune.steps=5", "finetune.batch_size=8", "eval.episodes=2", "eval.n_envs=2", f"out={out}",
+             "operator_config.patience_s=1.0")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "HG-DAgger" in r.stdout and "operator samples" in r.stdout
+    res = json.loads((out / "results.json").read_text())
+    rows = {row["method"]: row for row in res["rows"]}
+    assert set(rows) == {"rac", "hg_dagger", "demos"}
+    assert 0.0 <= res["base"]["success_rate"] <= 1.0 and len(res["base"]["success_within"]) == 6
+    for name in ("success_vs_samples", "success_vs_time", "test_time_scaling"):
+        assert (out / f"{name}.png").stat().st_size > 1000
+    # RaC episodes: POLICY, then RECOVERY, then CORRECTION, and nothing after (END)
+    store = EpisodeStore.open(out / "rac" / "data")
+    assert store.n_episodes == 2
+    for e in range(store.n_episodes):
+        seg = store.episode(e)["segment"]
+        runs = [int(seg[0])] + [int(b) for a, b in zip(seg, seg[1:]) if a != b]
+        meta = store.metas[e]
+        if meta.extra["interventions"]:
+            assert runs == [P, R, C], runs
+            rec = meta.extra["interventions"][0]
+            assert rec["recovery_steps"] > 0 and rec["correction_steps"] > 0 and rec["reason"]
+        else:
+            assert runs == [P] and meta.success
+    rac_samples = rows["rac"]["operator_samples"]
+    assert rac_samples > 0
+    # HG-DAgger: no recovery manoeuvre; control came back to the policy after a correction
+    hg = EpisodeStore.open(out / "hg_dagger" / "data")
+    for e, meta in enumerate(hg.metas):  # at most the one held tick per takeover is labelled RECOVERY
+        assert (hg.episode(e)["segment"] == R).sum() <= len(meta.extra["interventions"])
+    # equal operator effort, up to one episode's worth
+    assert rows["hg_dagger"]["operator_samples"] >= rac_samples
+    assert rows["demos"]["operator_samples"] >= rac_samples
+    demo_store = EpisodeStore.open(out / "demos" / "data")
+    assert (demo_store.episode(0)["segment"] == T).all()
+    assert rows["demos"]["operator_samples"] - rac_samples < max(demo_store.episode_range(e)[1] - demo_store.episode_range(e)[0]
+                                                                 for e in range(demo_store.n_episodes))
+    # every fine-tune started from the pre-trained checkpoint and wrote its own run
+    assert (out / "rac" / "round1" / "checkpoints" / "last.pt").is_file()
+    r = _cli("rac", f"checkpoint={run / 'checkpoints' / 'last.pt'}", f"out={out}")
+    assert r.returncode == 2 and "already holds results" in r.stderr

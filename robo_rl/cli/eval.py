@@ -36,7 +36,7 @@ def predictor(policy: Any, inference_steps: int | None = None, frozen: bool = Tr
 
 def run_eval(policy: Any, task: str, chunking: Mapping[str, Any], episodes: int, n_envs: int, seed: int,
              videos: int, out: Path | None, inference_steps: int | None = None, max_steps: int | None = None,
-             progress: bool = True):
+             progress: bool = True, count_recoveries: bool = False):
     from robo_rl.runtime.chunking import ChunkingConfig
     from robo_rl.sim.rollout import evaluate_policy
 
@@ -49,7 +49,8 @@ def run_eval(policy: Any, task: str, chunking: Mapping[str, Any], episodes: int,
         raise ConfigError(f"chunking: {e}") from None
     return evaluate_policy(predictor(policy, inference_steps), task, keys, cfg.n_obs, cfg.horizon, chunk_cfg,
                            episodes=episodes, n_envs=n_envs, seed=seed, image_size=image_size, videos=videos,
-                           video_dir=out / "videos" if out is not None else None, max_steps=max_steps, progress=progress)
+                           video_dir=out / "videos" if out is not None else None, max_steps=max_steps, progress=progress,
+                           count_recoveries=count_recoveries)
 
 
 def write_eval(summary: Any, out: Path, **extra: Any) -> dict[str, Any]:

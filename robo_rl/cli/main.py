@@ -16,6 +16,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "video": ("robo_rl.cli.video", "write an episode as an H.264 MP4 with its segment labels drawn in"),
     "train": ("robo_rl.cli.train", "train a flow or diffusion action-chunk policy on an episode store"),
     "eval": ("robo_rl.cli.eval", "evaluate a trained policy in the twin: success with a 95% interval, videos"),
+    "rac": ("robo_rl.cli.rac", "RaC rounds: interventions -> fine-tune -> eval, vs HG-DAgger and more demos"),
 }
 
 

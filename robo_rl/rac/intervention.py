@@ -113,6 +113,7 @@ class InterventionController:
         self.ignored_events: list[tuple[int, str, str]] = []  # (step, event, phase it arrived in)
         self._step = 0
         self._last: np.ndarray | None = None
+        self._last_by_operator = False
         self._catching_up = False
 
     @property
@@ -134,7 +135,10 @@ class InterventionController:
         event = self.operator.signal(self.phase, policy_action)
         if event is not None:
             self._apply(event, time, stage)
-        if self.phase == Phase.END:  # the correction just finished: hold the last command this tick
+        if self.phase == Phase.END or (was_operator and not self.in_control and policy_action is None):
+            # The correction just finished: hold the last command this tick (under HG-DAgger the
+            # policy, which had no say this tick, drives from the next).
+            self._step += 1
             return self._last.copy(), Segment.CORRECTION
         if self.in_control:
             rec = self.interventions[-1]
@@ -147,10 +151,10 @@ class InterventionController:
             if policy_action is None:
                 raise RoboRLError("InterventionController.step: the policy is in control but gave no action")
             target = np.asarray(policy_action, dtype=np.float32)
-        if was_operator != self.in_control and self._last is not None:
-            self._catching_up = True
+        if self._last_by_operator != self.in_control and self._last is not None:
+            self._catching_up = True  # the source of commands changed since the last one sent
         out = self._follow(target)
-        self._last = out
+        self._last, self._last_by_operator = out, self.in_control
         self._step += 1
         return out.copy(), LABELS[self.phase]
 

@@ -40,6 +40,7 @@ class OperatorConfig:
     lift_m: float = 0.08  # recovery: how far to lift away
     end_margin_s: float = 5.0  # take over this long before the episode's time limit if unfinished
     correction_timeout_s: float = 12.0  # give up a correction that has not finished by then
+    recover: bool = True  # False (HG-DAgger's operator): correct at once, no recovery manoeuvre
     expert_noise: ExpertNoise = field(default_factory=ExpertNoise)
 
 
@@ -84,6 +85,8 @@ class SimOperator:
                 return OperatorEvent(TAKE_OVER, reason)
             return None
         if phase == Phase.RECOVERY:
+            if not self.cfg.recover:
+                return OperatorEvent(RECOVERY_DONE, "no recovery")
             if self._plan_phase == Phase.RECOVERY and self._plan.done:
                 self._stage_at_takeover = min(self._stage_at_takeover, stage)
                 return OperatorEvent(RECOVERY_DONE)
@@ -101,6 +104,8 @@ class SimOperator:
     def command(self, phase: Phase, last_command: np.ndarray) -> np.ndarray:
         if self._plan_phase != phase:  # plan each phase from where things are when it begins
             stage = self.env.task.stage(self.env.robot)
+            if phase == Phase.RECOVERY and not self.cfg.recover:
+                return np.asarray(last_command, dtype=np.float32)  # the takeover tick: hold, then correct
             if phase == Phase.RECOVERY:
                 self._plan = self._recovery_plan(stage, last_command)
             else:
@@ -167,3 +172,45 @@ class SimOperator:
             Segment("recovery_pregrasp", 1.0, left=pregrasp("left"), right=pregrasp("right")),
         ]
         return ScriptedExpert(robot, segs, self.rng, ExpertNoise.none(), start_command=start)
+
+
+class RecoveryCounter:
+    """Counts the recovery manoeuvres a policy performs on its own in one episode (for RaC's
+    test-time-scaling measure): a sub-task that came undone for at least `lost_s` and was then
+    redone (the stage fell below the best reached and climbed back to it; shorter dips are contact
+    flicker as an object settles), and a grasp retried (a needed gripper closed on nothing for
+    `grasp_s`, then opened again). Reads privileged state; never acts."""
+
+    def __init__(self, env, config: OperatorConfig | None = None, lost_s: float = 0.5):
+        self.env = env.unwrapped if hasattr(env, "unwrapped") else env
+        self.cfg = config or OperatorConfig()
+        self.lost_s = lost_s
+        self.reset()
+
+    def reset(self) -> None:
+        self.count = 0
+        self._best = 0
+        self._lost_steps = 0
+        self._missed: dict[str, int] = {}
+
+    def update(self, action: np.ndarray) -> None:
+        """After each step, with the action that was executed."""
+        env, cfg = self.env, self.cfg
+        dt = 1.0 / env.robot.spec.control_hz
+        stage = env.task.stage(env.robot)
+        if stage < self._best:
+            self._lost_steps += 1
+        else:
+            if self._lost_steps * dt >= self.lost_s:
+                self.count += 1  # redone what came undone
+            self._lost_steps, self._best = 0, stage
+        for arm, geom in env.task.grasp_targets(stage):
+            grip = float(action[env.robot.spec.joint_names.index(f"{arm}_gripper")])
+            a, b = finger_geoms(env.robot, arm)
+            empty = grip < cfg.closed_below and not (touching(env.robot, geom, a) and touching(env.robot, geom, b))
+            if empty:
+                self._missed[arm] = self._missed.get(arm, 0) + 1
+            else:
+                if self._missed.get(arm, 0) * dt >= cfg.grasp_s and grip >= cfg.closed_below:
+                    self.count += 1  # a missed grasp, reopened to try again
+                self._missed[arm] = 0

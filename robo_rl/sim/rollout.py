@@ -19,6 +19,7 @@ import numpy as np
 from robo_rl.errors import ConfigError
 from robo_rl.runtime.chunking import ChunkExecutor, ChunkingConfig
 from robo_rl.sim.envs import BimanualEnv
+from robo_rl.sim.operator import RecoveryCounter
 
 PredictFn = Callable[[Mapping[str, np.ndarray]], np.ndarray]
 IMAGE_PREFIX = "obs/images/"
@@ -41,6 +42,7 @@ class EpisodeResult:
     success: bool
     max_stage: int
     length: int
+    recoveries: int = 0   # recovery manoeuvres the policy performed (count_recoveries=True)
 
 
 @dataclass
@@ -71,6 +73,11 @@ class EvalSummary:
         """Share of episodes that reached each stage (stage 0 is the start, always reached)."""
         stages = np.array([e.max_stage for e in self.episodes])
         return {name: float((stages >= k).mean()) for k, name in enumerate(self.stage_names) if k > 0}
+
+    def success_within(self, max_recoveries: int) -> float:
+        """Success rate had each episode been cut off at its (max_recoveries + 1)-th recovery
+        manoeuvre: RaC's test-time scaling, success vs recoveries the policy may spend."""
+        return float(np.mean([e.success and e.recoveries <= max_recoveries for e in self.episodes])) if self.episodes else 0.0
 
     def to_dict(self) -> dict[str, Any]:
         lo, hi = self.interval
@@ -110,6 +117,7 @@ def evaluate_policy(
     max_steps: int | None = None,
     progress: bool = True,
     stop_on_success: bool = True,
+    count_recoveries: bool = False,
 ) -> EvalSummary:
     """Run `episodes` episodes (seeds seed, seed+1, ...) on `n_envs` envs in lockstep."""
     if episodes < 1 or n_envs < 1:
@@ -123,6 +131,7 @@ def evaluate_policy(
             for i in range(n_envs)]
     stage_names = envs[0].task.stage_names
     execs = [ChunkExecutor(chunking, horizon) for _ in envs]
+    counters = [RecoveryCounter(env) for env in envs] if count_recoveries else None
     windows: list[list[dict[str, np.ndarray]]] = [[] for _ in envs]
     active = [False] * n_envs
     seeds = [0] * n_envs
@@ -144,6 +153,8 @@ def evaluate_policy(
         seeds[i] = seed + next_episode
         obs, _ = envs[i].reset(seed=seeds[i])
         execs[i].reset()
+        if counters:
+            counters[i].reset()
         windows[i] = [_env_obs(obs, obs_keys)] * n_obs  # pad with the first frame, as the sampler does
         lengths[i], max_stage[i], active[i] = 0, 0, True
         frames[i] = None
@@ -167,13 +178,16 @@ def evaluate_policy(
                 if not active[i]:
                     continue
                 obs, _, terminated, truncated, info = envs[i].step(execs[i].next().astype(np.float32))
+                if counters:
+                    counters[i].update(info["executed_action"])
                 lengths[i] += 1
                 max_stage[i] = max(max_stage[i], int(info["max_stage"]))
                 windows[i] = windows[i][1:] + [_env_obs(obs, obs_keys)]
                 if frames[i] is not None:
                     frames[i].append(envs[i].render())
                 if (terminated and stop_on_success) or truncated:
-                    results.append(EpisodeResult(seeds[i], bool(info["success"]), max_stage[i], lengths[i]))
+                    results.append(EpisodeResult(seeds[i], bool(info["success"]), max_stage[i], lengths[i],
+                                                 counters[i].count if counters else 0))
                     if frames[i] is not None and video_dir is not None:
                         video_paths.append(_write_video(frames[i], Path(video_dir), seeds[i], bool(info["success"]),
                                                         envs[i].metadata["render_fps"]))

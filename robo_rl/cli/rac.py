@@ -1,0 +1,200 @@
+"""robo-rl rac: RaC rounds (collect interventions -> fine-tune -> evaluate) against HG-DAgger and
+more expert demos at equal operator samples, with a results table, results.json and PNG plots."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from robo_rl.cli.app import run_app
+from robo_rl.cli.tables import print_table
+from robo_rl.errors import ConfigError
+
+METHODS = ("rac", "hg_dagger", "demos")
+OWN_COMPOSITION = {"rac": "rac", "hg_dagger": "hg_dagger", "demos": "all"}
+LABELS = {"rac": "RaC", "hg_dagger": "HG-DAgger", "demos": "more expert demos", "base": "pre-trained"}
+
+
+def main(argv: list[str]) -> int:
+    return run_app("rac", "rac", run, argv)
+
+
+def evaluate(policy: Any, task: str, chunking: dict, cfg: DictConfig, out: Path | None, videos: int = 0) -> dict[str, Any]:
+    """Success with its interval, stage reach and the test-time-scaling curve of one policy."""
+    from robo_rl.cli.eval import run_eval, write_eval
+
+    summary = run_eval(policy, task, chunking, int(cfg.eval.episodes), int(cfg.eval.n_envs), int(cfg.eval.seed), videos,
+                       out, count_recoveries=True)
+    d = summary.to_dict()
+    if out is not None:
+        write_eval(summary, out)
+    recoveries = [e.recoveries for e in summary.episodes]
+    return {"success_rate": d["success_rate"], "ci95_low": d["ci95_low"], "ci95_high": d["ci95_high"],
+            "stage_reach": d["stage_reach"], "mean_length": d["mean_length"],
+            "mean_recoveries": sum(recoveries) / max(1, len(recoveries)),
+            "success_within": [summary.success_within(k) for k in range(int(cfg.eval.max_recoveries) + 1)],
+            "videos": d["videos"]}
+
+
+def run(cfg: DictConfig) -> int:
+    from robo_rl.cli.eval import predictor
+    from robo_rl.learn import LearnerConfig
+    from robo_rl.policies import load_policy, read_checkpoint
+    from robo_rl.rac.finetune import finetune
+    from robo_rl.rac.mixing import CompositionConfig
+    from robo_rl.runtime.chunking import ChunkingConfig
+    from robo_rl.sim.interventions import CollectStats, collect_expert_demos, collect_interventions
+    from robo_rl.sim.operator import OperatorConfig
+    from robo_rl.sim.tasks import TASKS
+
+    if not cfg.checkpoint:
+        raise ConfigError("rac: pass checkpoint=PATH (a policy pre-trained with robo-rl train)")
+    methods = list(cfg.methods)
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown or not methods:
+        raise ConfigError(f"rac: methods={methods}; choose from {list(METHODS)}")
+    if cfg.operator != "sim":
+        raise ConfigError(f"rac: operator={cfg.operator!r}; only operator=sim (the simulated operator) is available so far")
+    if int(cfg.rounds) < 1 or int(cfg.episodes_per_round) < 1:
+        raise ConfigError(f"rac: rounds and episodes_per_round must be >= 1 (got {cfg.rounds}, {cfg.episodes_per_round})")
+    ckpt = read_checkpoint(cfg.checkpoint)
+    task = cfg.task or ckpt.get("task")
+    if task not in TASKS:
+        raise ConfigError(f"rac: task={task!r} unknown; tasks are {sorted(TASKS)}")
+    demos = cfg.demos or ckpt.get("dataset")
+    n_demos = cfg.n_demos if cfg.n_demos is not None else ckpt.get("n_episodes")
+    if not demos or not Path(demos).exists():
+        raise ConfigError(f"rac: the pre-training demos {demos!r} are not there; pass demos=PATH")
+    out = Path(cfg.out) if cfg.out else Path("data/rac") / f"{task}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if (out / "results.json").exists():
+        raise ConfigError(f"rac: {out} already holds results; pass another out=")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    chunking = dict(ckpt.get("chunking") or {})
+    chunk_cfg = ChunkingConfig(**chunking)
+    obs_keys = list(ckpt["obs_keys"])
+    base = load_policy(ckpt)
+    learner_cfg = LearnerConfig.from_dict(OmegaConf.to_container(cfg.finetune, resolve=True))
+    op_cfg = OperatorConfig(**OmegaConf.to_container(cfg.operator_config, resolve=True))
+    comp_opts = OmegaConf.to_container(cfg.composition, resolve=True)
+
+    results: dict[str, Any] = {"task": task, "checkpoint": str(cfg.checkpoint), "demos": str(demos), "n_demos": n_demos,
+                               "rows": []}
+
+    def save() -> None:
+        tmp = out / "results.json.tmp"
+        tmp.write_text(json.dumps(results, indent=1))
+        tmp.replace(out / "results.json")
+
+    print(f"rac {task}: evaluating the pre-trained policy on {cfg.eval.episodes} episodes")
+    results["base"] = evaluate(base, task, chunking, cfg, out / "eval-base")
+    save()
+    budget: dict[int, int] = {}  # round -> RaC's cumulative operator samples
+    for m_index, method in enumerate(methods):
+        data = out / method / "data"
+        policy, total = base, CollectStats()
+        for r in range(1, int(cfg.rounds) + 1):
+            seed = 200_000 + 10_000 * int(cfg.seed) + 1_000 * m_index + 100 * r
+            target = budget.get(r) if method != "rac" else None
+            need = None if target is None else max(target - total.operator_samples, 0)
+            if method == "demos":
+                if need is None:  # no RaC run to match: as many demo steps as RaC episodes would take
+                    need = int(cfg.episodes_per_round) * 200
+                st = collect_expert_demos(task, data, seed=300_000 + seed, max_samples=need)
+            else:
+                episodes = int(cfg.episodes_per_round) if target is None else 50 * int(cfg.episodes_per_round)
+                st = collect_interventions(predictor(policy), task, obs_keys, policy.config.n_obs, policy.config.horizon,
+                                           chunk_cfg, data, episodes, seed, mode=method, n_envs=int(cfg.n_envs),
+                                           operator=op_cfg, max_operator_samples=need)
+            total = _add(total, st)
+            if method == "rac":
+                budget[r] = total.operator_samples
+            comp = CompositionConfig(**{**comp_opts, "mode": comp_opts.get("mode") or OWN_COMPOSITION[method]})
+            demo_sources = [(demos, n_demos)] + ([(data, None)] if method == "demos" else [])
+            policy, fit = finetune(ckpt, demo_sources, [] if method == "demos" else [data], comp, learner_cfg,
+                                   out / method / f"round{r}", extra={"rac": {"method": method, "round": r}})
+            ev = evaluate(policy, task, chunking, cfg, out / method / f"round{r}" / "eval",
+                          videos=2 if r == int(cfg.rounds) else 0)
+            row = {"method": method, "round": r, "episodes": total.episodes, "operator_samples": total.operator_samples,
+                   "operator_time_s": total.operator_time_s, "interventions": total.interventions,
+                   "collect": st.to_dict(), "finetune_steps": fit["step"], **ev}
+            results["rows"].append(row)
+            save()
+            print(f"{LABELS[method]} round {r}: {total.operator_samples} operator samples, "
+                  f"success {ev['success_rate']:.0%} [{ev['ci95_low']:.0%}, {ev['ci95_high']:.0%}]")
+    print_results(results)
+    write_plots(results, out)
+    print(f"results: {out / 'results.json'}; plots: {out}/*.png")
+    return 0
+
+
+def _add(total: Any, st: Any) -> Any:
+    total.episodes += st.episodes
+    total.successes += st.successes
+    for k, v in st.steps.items():
+        total.steps[k] = total.steps.get(k, 0) + v
+    total.interventions += st.interventions
+    total.operator_time_s += st.operator_time_s
+    return total
+
+
+def print_results(results: dict[str, Any]) -> None:
+    b = results["base"]
+    rows = [["pre-trained", "-", "0", "0", "-", f"{b['success_rate']:.0%} [{b['ci95_low']:.0%}, {b['ci95_high']:.0%}]",
+             f"{b['mean_recoveries']:.2f}"]]
+    for r in results["rows"]:
+        rows.append([LABELS[r["method"]], str(r["round"]), f"{r['operator_samples']:,}", f"{r['operator_time_s'] / 60:.1f}",
+                     str(r["interventions"]) if r["method"] != "demos" else f"{r['episodes']} demos",
+                     f"{r['success_rate']:.0%} [{r['ci95_low']:.0%}, {r['ci95_high']:.0%}]", f"{r['mean_recoveries']:.2f}"])
+    print_table(f"RaC on {results['task']}: success over the eval episodes (95% Wilson)",
+                ["method", "round", "operator samples", "operator min", "interventions", "success", "recoveries/ep"], rows)
+
+
+def write_plots(results: dict[str, Any], out: Path) -> list[Path]:
+    """success vs operator samples, vs operator time, and vs recovery manoeuvres (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    base = results["base"]
+    methods = list(dict.fromkeys(r["method"] for r in results["rows"]))
+    paths = []
+    for key, xlabel, scale, name in [("operator_samples", "cumulative operator samples (steps)", 1.0, "success_vs_samples"),
+                                     ("operator_time_s", "cumulative operator time (min)", 1 / 60, "success_vs_time")]:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for m in methods:
+            rows = [r for r in results["rows"] if r["method"] == m]
+            x = [0.0] + [r[key] * scale for r in rows]
+            y = [base["success_rate"]] + [r["success_rate"] for r in rows]
+            lo = [base["ci95_low"]] + [r["ci95_low"] for r in rows]
+            hi = [base["ci95_high"]] + [r["ci95_high"] for r in rows]
+            ax.plot(x, y, marker="o", label=LABELS[m])
+            ax.fill_between(x, lo, hi, alpha=0.15)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("success rate")
+        ax.set_ylim(0, 1)
+        ax.set_title(f"{results['task']}: success vs operator effort")
+        ax.legend()
+        fig.tight_layout()
+        paths.append(out / f"{name}.png")
+        fig.savefig(paths[-1], dpi=120)
+        plt.close(fig)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    finals = [("base", base)] + [(m, [r for r in results["rows"] if r["method"] == m][-1]) for m in methods]
+    for m, r in finals:
+        ax.plot(range(len(r["success_within"])), r["success_within"], marker="o", label=LABELS[m])
+    ax.set_xlabel("recovery manoeuvres the policy may perform")
+    ax.set_ylabel("success rate")
+    ax.set_ylim(0, 1)
+    ax.set_title(f"{results['task']}: test-time scaling (final policies)")
+    ax.legend()
+    fig.tight_layout()
+    paths.append(out / "test_time_scaling.png")
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+    return paths

@@ -1,0 +1,57 @@
+"""Fine-tune a pre-trained action-chunk policy on its demos plus intervention data.
+
+Starts from the pre-trained checkpoint's EMA weights (normalisation stats come with them, so the
+intervention data is scaled exactly as the demos were), builds one window sampler per store,
+weighs every step by the data composition (robo_rl.rac.mixing) and trains with the same Learner
+as pre-training. By default windows are *drawn* in proportion to their weights, so a
+composition's shares are the batch fractions and masked steps are never drawn.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from robo_rl.data.sampler import WindowSampler
+from robo_rl.data.store import EpisodeStore
+from robo_rl.errors import ConfigError
+from robo_rl.learn import Learner, LearnerConfig
+from robo_rl.learn.learner import resolve_device
+from robo_rl.policies import load_policy, policy_spec
+from robo_rl.rac.mixing import CompositionConfig, MixedSampler, composition_weights
+
+
+def finetune(checkpoint: Mapping[str, Any], demos: Sequence[tuple[str | Path, int | None]],
+             interventions: Sequence[str | Path], composition: CompositionConfig, learner: LearnerConfig,
+             run_dir: str | Path, evaluate: Callable[[Any, int], Mapping[str, Any]] | None = None,
+             progress: bool = True, extra: Mapping[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+    """`demos`: (store, first n episodes or None for all) pairs, the pre-training demos first;
+    `interventions`: stores of intervention rollouts. Returns (the EMA policy, the Learner's result)."""
+    obs_keys = list(checkpoint.get("obs_keys") or [])
+    if not obs_keys:
+        raise ConfigError("finetune: the checkpoint does not list its observation keys (was it written by robo-rl train?)")
+    policy = load_policy(checkpoint, ema=True, device="cpu").train()
+    cfg = policy.config
+    device = resolve_device(learner.device)
+    sources, samplers = [], []
+    for path, n, is_demo in [*((p, n, True) for p, n in demos), *((p, None, False) for p in interventions)]:
+        store = EpisodeStore.open(path, mode="r")
+        if store.n_episodes == 0:
+            continue
+        count = store.n_episodes if n is None else min(int(n), store.n_episodes)
+        s = WindowSampler(store, obs_keys, n_obs=cfg.n_obs, horizon=cfg.horizon, episodes=range(count), device=device)
+        samplers.append(s)
+        sources.append({"segments": s.data["segment"], "episode_starts": s.start, "demo": is_demo, "path": str(path)})
+    if not samplers:
+        raise ConfigError("finetune: no episodes in the given stores")
+    for s, w in zip(samplers, composition_weights(sources, composition)):
+        s.reweight(w)
+    mixed = MixedSampler(samplers)
+    info = {"policy": policy_spec(policy), "task": checkpoint.get("task"), "dataset": str(demos[0][0]) if demos else None,
+            "n_episodes": demos[0][1] if demos else None, "obs_keys": obs_keys, "chunking": checkpoint.get("chunking"),
+            "finetune": {"stores": [s["path"] for s in sources], "composition": asdict(composition)}, **dict(extra or {})}
+    trainer = Learner(policy, learner, run_dir, lambda bs, gen, weighted: mixed.sample(bs, gen, weighted), extra=info,
+                      evaluate=evaluate, progress=progress)
+    result = trainer.fit()
+    return trainer.ema.eval(), result
