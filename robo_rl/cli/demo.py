@@ -1,121 +1,202 @@
-"""robo-rl demo: the newest end-to-end story. Today: teleop in the twin -> record -> inspect -> sample.
+"""robo-rl demo (make demo): the whole story on the long-horizon task, on a laptop CPU.
 
-The TransferCube scripted expert (the twin's stand-in for a human on the leader arms) drives the
-MuJoCo twin at a fixed 50 Hz; each step goes to the background Recorder, which never blocks the
-loop; the store is validated and training windows are drawn from it. Grows with the project
-(policies, RaC) as those land.
+1. teleop: the scripted expert (the twin's stand-in for a human on leader arms) records demos of
+   PackCube through the background Recorder;
+2. pre-train a flow action-chunk policy on them and evaluate it in the twin;
+3. RaC: the policy drives, the simulated operator takes over when failure looks imminent
+   (recovery, then correction, then the episode ends); every step is labelled;
+4. fine-tune from the pre-trained checkpoint on demos + recovery and correction data;
+5. evaluate again: a before/after table, a plot and a rollout video under `out`.
+
+`full=true` swaps in paper-scale settings meant for a GPU. The numbers behind the README's RaC
+results come from `robo-rl rac` at full size; this is the story end to end in minutes.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from robo_rl.cli.app import run_app
-from robo_rl.cli.tables import human_bytes, print_table
-from robo_rl.data.recorder import Recorder
-from robo_rl.data.sampler import WindowSampler, split_episodes
-from robo_rl.data.schema import EpisodeMeta
-from robo_rl.data.stats import get_stats
-from robo_rl.data.store import EpisodeStore
+from robo_rl.cli.tables import print_table
 from robo_rl.errors import ConfigError
+
+FULL = {"demos": 200, "pretrain_steps": 30000, "batch_size": 256, "rounds": 3, "episodes_per_round": 20,
+        "finetune_steps": 10000, "eval_episodes": 100}
 
 
 def main(argv: list[str]) -> int:
     return run_app("demo", "demo", run, argv)
 
 
-def run(cfg: DictConfig) -> int:
-    if cfg.episodes < 1:
-        raise ConfigError(f"demo: episodes must be >= 1, got {cfg.episodes}")
-    from robo_rl.sim.recording import demo_schema, demo_step
+def record_demos(task: str, out: Path, episodes: int, seed: int) -> dict[str, Any]:
+    """Scripted-expert teleop in the twin, each step handed to the background Recorder."""
+    from robo_rl.data.recorder import Recorder
+    from robo_rl.data.schema import EpisodeMeta
     from robo_rl.sim.envs import BimanualEnv
+    from robo_rl.sim.recording import demo_schema, demo_step
 
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    store_path = out / "store"
-    cameras = list(cfg.cameras)
-    env = BimanualEnv(cfg.task, obs_mode="state+pixels", cameras=cameras, image_size=(cfg.height, cfg.width))
-    schema = demo_schema(env, cameras, (cfg.height, cfg.width))
+    env = BimanualEnv(task, obs_mode="state")
+    schema = demo_schema(env, [], (0, 0))
     fps = env.robot.spec.control_hz
-
-    # 1. teleop in the twin: a fixed-rate loop hands each step to the Recorder, never waits on disk
-    dt = 1.0 / fps
-    late = successes = 0
-    t_start = time.perf_counter()
-    with Recorder(store_path, schema, overwrite=True) as rec:
-        bar = tqdm(total=cfg.episodes, desc=f"teleop {cfg.task} in the twin at {fps:g} Hz", unit="ep")
-        tick = time.perf_counter()
-        for ep in range(cfg.episodes):
-            obs, _ = env.reset(seed=cfg.seed + ep)
+    kept = tries = 0
+    with Recorder(out, schema, overwrite=True) as rec:
+        bar = tqdm(total=episodes, desc=f"1/5 teleop {task} (scripted expert)", unit="ep")
+        while kept < episodes and tries < 2 * episodes:
+            obs, _ = env.reset(seed=seed + tries)
             expert = env.expert()
-            rec.start_episode(EpisodeMeta(task=cfg.task, source="teleop", operator="scripted_expert",
-                                          extra={"seed": cfg.seed + ep, "init_state": env.sim_state().tolist()}))
+            rec.start_episode(EpisodeMeta(task=task, source="teleop", operator="scripted_expert",
+                                          extra={"seed": seed + tries, "init_state": env.sim_state().tolist()}))
+            tries += 1
             for k in range(env.max_steps):
                 prev = obs
                 obs, _, terminated, truncated, info = env.step(expert.act())
-                rec.add_step(demo_step(prev, info["executed_action"], cameras), timestamp=k * dt, segment="TELEOP")
-                if cfg.realtime:
-                    tick += dt
-                    wait = tick - time.perf_counter()
-                    if wait > 0:
-                        time.sleep(wait)
-                    else:
-                        late += 1
+                rec.add_step(demo_step(prev, info["executed_action"], []), timestamp=k / fps, segment="TELEOP")
                 if terminated or truncated:
                     break
-            successes += bool(info["success"])
-            rec.end_episode(success=bool(info["success"]))
-            bar.update()
+            if info["success"]:
+                rec.end_episode(success=True)
+                kept += 1
+                bar.update()
+            else:
+                rec.discard_episode()  # keep successful demos only, as ALOHA does
         bar.close()
-        t_close = time.perf_counter()
     env.close()
-    close_wait = time.perf_counter() - t_close
-    rs = rec.stats()
-    print_table("teleop in the twin, recorded in the background", ["measure", "value"], [
-        ("episodes / steps handed over", f"{rs.episodes_ended} / {rs.steps}"),
-        ("expert success", f"{successes}/{cfg.episodes}"),
-        ("add_step blocked p50 / p99 / max", f"{rs.blocked_p50_ms:.3f} / {rs.blocked_p99_ms:.3f} / {rs.blocked_max_ms:.3f} ms"),
-        ("end_episode blocked p99", f"{rs.end_p99_ms:.3f} ms"),
-        ("ring full stalls", rs.stalls),
-        ("late loop ticks", late if cfg.realtime else "n/a (realtime=false)"),
-        ("wait for writer at close", f"{close_wait:.2f} s"),
-        ("wall time", f"{time.perf_counter() - t_start:.1f} s"),
-    ])
+    stats = rec.stats()
+    return {"episodes": kept, "tries": tries, "blocked_p99_ms": stats.blocked_p99_ms}
 
-    # 2. inspect and check the store
-    store = EpisodeStore.open(store_path)
-    facts = store.info()
-    problems = store.validate()
-    print_table(f"store {store_path}", ["", ""], [
-        ("episodes / steps", f"{facts['episodes']} / {facts['steps']}"),
-        ("frames dropped", rs.steps - facts["steps"]),
-        ("success rate", f"{facts['success_rate']:.0%}" if facts["success_rate"] is not None else "n/a"),
-        ("size on disk", f"{human_bytes(facts['bytes_on_disk'])} ({facts['bytes_on_disk'] / 2**20 / (facts['duration_s'] / 60):.0f} MiB per minute)"),
-        ("validate", "ok" if not problems else "; ".join(problems)),
-    ])
 
-    # 3. sample training windows with normalisation statistics saved in the store
-    stats = get_stats(store)
-    train, val = split_episodes(store.n_episodes, 0.25, seed=cfg.seed)
-    obs_keys = ["obs/qpos", "obs/env_state"] + [f"obs/images/{c}" for c in cameras]
-    sampler = WindowSampler(store, obs_keys, n_obs=cfg.n_obs, horizon=cfg.horizon, episodes=train)
-    batch = sampler.sample(cfg.batch_size, np.random.default_rng(cfg.seed))
-    n, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < 1.0:
-        sampler.sample(cfg.batch_size)
-        n += cfg.batch_size
-    rate = n / (time.perf_counter() - t0)
-    print_table("training windows", ["", ""], [
-        ("train / val episodes", f"{len(train)} / {len(val)}"),
-        ("batch", ", ".join(f"{k} {tuple(v.shape)}" for k, v in batch.items() if k in (*obs_keys, "action"))),
-        ("action range (raw)", f"[{min(stats['action']['min']):.2f}, {max(stats['action']['max']):.2f}]"),
-        ("windows per second", f"{rate:,.0f}"),
-    ])
-    print(f"\nstore: {store_path}   inspect it with: robo-rl dataset info {store_path}")
-    return 0 if not problems and rs.steps == facts["steps"] else 1
+def run(cfg: DictConfig) -> int:
+    from robo_rl.cli.eval import predictor
+    from robo_rl.cli.rac import evaluate
+    from robo_rl.data.sampler import WindowSampler
+    from robo_rl.data.stats import get_stats
+    from robo_rl.data.store import EpisodeStore
+    from robo_rl.learn import Learner, LearnerConfig
+    from robo_rl.learn.learner import resolve_device
+    from robo_rl.policies import ObsShapes, load_policy, make_policy, policy_spec, read_checkpoint
+    from robo_rl.rac.finetune import finetune
+    from robo_rl.rac.mixing import CompositionConfig
+    from robo_rl.runtime.chunking import ChunkingConfig
+    from robo_rl.sim.interventions import collect_interventions
+    from robo_rl.sim.tasks import TASKS
+
+    s = {**OmegaConf.to_container(cfg.small, resolve=True), **(FULL if cfg.full else {})}
+    if cfg.task not in TASKS:
+        raise ConfigError(f"demo: task={cfg.task!r} unknown; tasks are {sorted(TASKS)}")
+    if min(s["demos"], s["pretrain_steps"], s["rounds"], s["episodes_per_round"], s["eval_episodes"]) < 1:
+        raise ConfigError(f"demo: every size must be >= 1, got {s}")
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    t_start = time.perf_counter()
+    timings: dict[str, float] = {}
+    eval_cfg = OmegaConf.create({"eval": {"episodes": s["eval_episodes"], "n_envs": cfg.n_envs, "seed": 100_000,
+                                          "max_recoveries": 5}})
+    obs_keys = ["obs/qpos", "obs/env_state"]
+
+    # 1. teleop demos through the Recorder
+    t = time.perf_counter()
+    demos = out / "demos"
+    rec = record_demos(cfg.task, demos, int(s["demos"]), int(cfg.seed))
+    timings["1 teleop demos"] = time.perf_counter() - t
+
+    # 2. pre-train a flow policy
+    t = time.perf_counter()
+    store = EpisodeStore.open(demos)
+    shapes = ObsShapes.from_schema(store.schema, obs_keys)
+    stats = get_stats(store, [*shapes.lowdim, shapes.action_key], save=False)
+    policy = make_policy("flow", {}, shapes, stats)
+    lcfg = LearnerConfig(steps=int(s["pretrain_steps"]), batch_size=int(s["batch_size"]), lr=3e-4, warmup_steps=300,
+                         checkpoint_every=1000, seed=int(cfg.seed), device=cfg.device, threads=int(cfg.threads))
+    sampler = WindowSampler(store, obs_keys, n_obs=policy.config.n_obs, horizon=policy.config.horizon,
+                            device=resolve_device(lcfg.device))
+    chunking = {"n_action_steps": policy.config.n_action_steps}
+    pre_dir = out / "pretrain"
+    print(f"2/5 pre-train a flow policy ({sum(p.numel() for p in policy.parameters()) / 1e6:.2f}M params) on "
+          f"{store.n_episodes} demos, {lcfg.steps} steps")
+    Learner(policy, lcfg, pre_dir, lambda bs, g, w: sampler.sample(bs, g, w),
+            extra={"policy": policy_spec(policy), "task": cfg.task, "dataset": str(demos), "n_episodes": store.n_episodes,
+                   "obs_keys": obs_keys, "chunking": chunking}).fit()
+    ckpt = read_checkpoint(pre_dir / "checkpoints" / "last.pt")
+    timings["2 pre-train"] = time.perf_counter() - t
+    t = time.perf_counter()
+    print(f"   evaluate the pre-trained policy on {s['eval_episodes']} episodes")
+    base = load_policy(ckpt)
+    before = evaluate(base, cfg.task, chunking, eval_cfg, out / "eval-before", videos=1)
+    timings["2 evaluate"] = time.perf_counter() - t
+
+    # 3-4. RaC rounds with the simulated operator, each fine-tuning from the pre-trained checkpoint
+    policy_now, total_samples, rounds = base, 0, []
+    for r in range(1, int(s["rounds"]) + 1):
+        t = time.perf_counter()
+        st = collect_interventions(predictor(policy_now), cfg.task, obs_keys, base.config.n_obs, base.config.horizon,
+                                   ChunkingConfig(**chunking), out / "interventions", int(s["episodes_per_round"]),
+                                   seed=200_000 + 100 * r, mode="rac", n_envs=int(cfg.n_envs))
+        total_samples += st.operator_samples
+        timings[f"3 RaC rollouts, round {r}"] = time.perf_counter() - t
+        t = time.perf_counter()
+        ft = LearnerConfig(steps=int(s["finetune_steps"]), batch_size=int(s["batch_size"]), lr=1e-4, warmup_steps=100,
+                           weighted_sampling=True, loss_weights=False, checkpoint_every=1000, seed=int(cfg.seed),
+                           device=cfg.device, threads=int(cfg.threads))
+        print(f"4/5 fine-tune round {r}: demos + {st.steps['RECOVERY']} recovery and {st.steps['CORRECTION']} correction "
+              f"steps from {st.interventions} interventions, {ft.steps} steps")
+        policy_now, _ = finetune(ckpt, [(demos, None)], [out / "interventions"], CompositionConfig(mode="rac"), ft,
+                                 out / f"rac-round{r}")
+        timings[f"4 fine-tune, round {r}"] = time.perf_counter() - t
+        rounds.append({"round": r, "collect": st.to_dict(), "operator_samples": total_samples})
+
+    # 5. evaluate again
+    t = time.perf_counter()
+    after = evaluate(policy_now, cfg.task, chunking, eval_cfg, out / "eval-after", videos=1)
+    timings["5 evaluate"] = time.perf_counter() - t
+    plot = write_before_after_plot(before, after, cfg.task, out / "before_after.png")
+    result = {"task": cfg.task, "sizes": s, "recording": rec, "before": before, "after": after, "rounds": rounds,
+              "timings_s": timings, "wall_s": time.perf_counter() - t_start}
+    (out / "results.json").write_text(json.dumps(result, indent=1))
+
+    def pct(d: dict, key: str) -> str:
+        return f"{d[key]:.0%}"
+
+    rows = [["success (95% Wilson)", f"{before['success_rate']:.0%} [{before['ci95_low']:.0%}, {before['ci95_high']:.0%}]",
+             f"{after['success_rate']:.0%} [{after['ci95_low']:.0%}, {after['ci95_high']:.0%}]"]]
+    rows += [[f"reached {k}", pct(before["stage_reach"], k), pct(after["stage_reach"], k)] for k in before["stage_reach"]]
+    rows += [["recovery manoeuvres / episode", f"{before['mean_recoveries']:.2f}", f"{after['mean_recoveries']:.2f}"],
+             ["mean episode length", f"{before['mean_length']:.0f}", f"{after['mean_length']:.0f}"]]
+    print_table(f"{cfg.task}: before and after RaC ({s['eval_episodes']} eval episodes each, "
+                f"{total_samples:,} operator samples)", ["", "pre-trained", "after RaC"], rows)
+    print_table("time", ["step", "seconds"], [[k, f"{v:.0f}"] for k, v in timings.items()] +
+                [["total", f"{time.perf_counter() - t_start:.0f}"]])
+    video = (after["videos"] or before["videos"] or [None])[0]
+    print(f"\nresults: {out / 'results.json'}   plot: {plot}   video: {video}")
+    return 0
+
+
+def write_before_after_plot(before: dict[str, Any], after: dict[str, Any], task: str, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(before["stage_reach"]) + ["success"]
+    b = [before["stage_reach"][k] for k in names[:-1]] + [before["success_rate"]]
+    a = [after["stage_reach"][k] for k in names[:-1]] + [after["success_rate"]]
+    x = np.arange(len(names))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.bar(x - 0.2, b, 0.4, label="pre-trained")
+    ax.bar(x + 0.2, a, 0.4, label="after RaC")
+    ax.set_xticks(x, names, rotation=20, ha="right")
+    ax.set_ylabel("share of eval episodes")
+    ax.set_ylim(0, 1)
+    ax.set_title(f"{task}: stage reach and success, before and after RaC")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
