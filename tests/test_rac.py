@@ -243,3 +243,19 @@ def test_a_tiny_rac_round_end_to_end(tmp_path):
     assert (out / "rac" / "round1" / "checkpoints" / "last.pt").is_file()
     r = _cli("rac", f"checkpoint={run / 'checkpoints' / 'last.pt'}", f"out={out}")
     assert r.returncode == 2 and "already holds results" in r.stderr
+
+
+def test_the_demo_runs_the_whole_story_at_toy_size(tmp_path):
+    """make demo's command at toy sizes: every stage runs and leaves its files."""
+    out = tmp_path / "demo"
+    r = _cli("demo", "small.demos=2", "small.pretrain_steps=10", "small.episodes_per_round=2", "small.finetune_steps=5",
+             "small.eval_episodes=2", "n_envs=2", "threads=1", f"out={out}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "before and after RaC" in r.stdout and "recovery manoeuvres" in r.stdout
+    res = json.loads((out / "results.json").read_text())
+    assert res["recording"]["episodes"] == 2 and res["rounds"][0]["collect"]["episodes"] == 2
+    assert (out / "before_after.png").stat().st_size > 1000
+    assert list((out / "eval-after" / "videos").glob("*.mp4"))
+    assert EpisodeStore.open(out / "interventions").n_episodes == 2
+    r = _cli("demo", "small.demos=0", f"out={out}")
+    assert r.returncode == 2 and r.stderr.startswith("error:")

@@ -15,6 +15,8 @@ from robo_rl.policies.diffusion import DiffusionConfig, DiffusionPolicy
 from robo_rl.policies.flow import FlowConfig, FlowPolicy
 
 POLICIES = {"flow": FlowPolicy, "diffusion": DiffusionPolicy}
+# The behaviour of checkpoints written before an option existed (its default has changed since).
+BEFORE_OPTION_EXISTED = {"flow": {"dit_mlp_ratio": 4.0}, "diffusion": {"dit_mlp_ratio": 4.0, "prediction": "epsilon"}}
 
 __all__ = ["POLICIES", "ChunkConfig", "DiffusionConfig", "DiffusionPolicy", "FlowConfig", "FlowPolicy", "ObsShapes",
            "Policy", "make_policy", "policy_spec", "load_policy", "read_checkpoint"]
@@ -52,7 +54,9 @@ def load_policy(checkpoint: str | Path | Mapping[str, Any], ema: bool = True, de
     """A policy in eval mode from a Learner checkpoint (the EMA weights unless ema=False)."""
     ckpt = read_checkpoint(checkpoint, device) if isinstance(checkpoint, (str, Path)) else checkpoint
     spec = ckpt["policy"]
-    policy = make_policy(spec["name"], spec["config"], ObsShapes.from_dict(spec["shapes"]))
+    # Options added after a checkpoint was written take the value that checkpoint was trained with.
+    config = {**BEFORE_OPTION_EXISTED.get(spec["name"], {}), **spec["config"]}
+    policy = make_policy(spec["name"], config, ObsShapes.from_dict(spec["shapes"]))
     weights = ckpt["ema"] if ema and ckpt.get("ema") is not None else ckpt["model"]
     policy.load_state_dict(weights)
     return policy.to(device).eval()

@@ -90,6 +90,7 @@ class ChunkConfig:
     dit_dim: int = 128
     dit_depth: int = 4
     dit_heads: int = 4
+    dit_mlp_ratio: float = 4.0  # DiT feed-forward width / dit_dim; the MLP is most of a block's FLOPs
     obs_dim: int = 256          # conditioning vector size
     image_feature_dim: int = 64
     image_width: int = 32       # ResNet-18 first-stage channels (64 = the original)
@@ -163,7 +164,8 @@ class ChunkBody(nn.Module):
         if cfg.backbone == "unet":
             self.net = ConditionalUnet1D(shapes.action_dim, cfg.obs_dim, cfg.down_dims, cfg.kernel)
         else:
-            self.net = DiT1D(shapes.action_dim, cfg.obs_dim, cfg.horizon, cfg.dit_dim, cfg.dit_depth, cfg.dit_heads)
+            self.net = DiT1D(shapes.action_dim, cfg.obs_dim, cfg.horizon, cfg.dit_dim, cfg.dit_depth, cfg.dit_heads,
+                              cfg.dit_mlp_ratio)
 
     @property
     def device(self) -> torch.device:

@@ -1,9 +1,17 @@
 """Diffusion action-chunk policy (Chi et al. 2023): DDPM training, DDIM inference.
 
 Training: pick a diffusion step k of T (default 100) under the squared-cosine schedule, noise
-the normalised chunk A to sqrt(abar_k) A + sqrt(1 - abar_k) eps, and regress eps. Inference:
-deterministic DDIM (eta = 0) over a configurable number of evenly spaced steps, clipping the
-predicted clean chunk to [-1, 1] as the normalisation guarantees actions lie there.
+the normalised chunk A to x_k = sqrt(abar_k) A + sqrt(1 - abar_k) eps, and regress the target:
+eps (Chi et al.'s choice, `prediction=epsilon`) or v = sqrt(abar_k) eps - sqrt(1 - abar_k) A
+(`prediction=v`, Salimans & Ho 2022). Inference: deterministic DDIM (eta = 0) over a configurable
+number of evenly spaced steps, clipping the predicted clean chunk to [-1, 1] as the
+normalisation guarantees actions lie there.
+
+Why v is offered: in terms of the clean chunk, the epsilon loss at step k weighs the error by
+SNR_k = abar_k / (1 - abar_k), which is ~0 at high noise, the steps that decide the chunk's
+coarse shape (when a gripper closes); and at k = T-1 (abar ~ 2e-7) the clean chunk implied by an
+eps prediction is the network's error amplified ~2000x. The v loss weighs it by SNR_k + 1, like
+flow matching's, and is well conditioned at every step.
 """
 
 from __future__ import annotations
@@ -25,9 +33,12 @@ class DiffusionConfig(ChunkConfig):
     train_steps: int = 100        # T: DDPM steps
     inference_steps: int = 10     # DDIM steps
     clip_sample: bool = True
+    prediction: str = "v"   # v | epsilon: what the network regresses (see the module docstring)
 
     def validate(self) -> None:
         super().validate()
+        if self.prediction not in ("epsilon", "v"):
+            raise ConfigError(f"policy.prediction={self.prediction!r}; choose epsilon or v")
         if not 1 <= self.inference_steps <= self.train_steps:
             raise ConfigError(f"policy.inference_steps={self.inference_steps} must be in [1, train_steps={self.train_steps}]")
 
@@ -57,7 +68,8 @@ class DiffusionPolicy(nn.Module):
         k = torch.randint(0, self.config.train_steps, (actions.shape[0],), device=actions.device)
         abar = self.abar[k][:, None, None]
         noisy = abar.sqrt() * actions + (1 - abar).sqrt() * eps
-        err = self.body.net(noisy, k.float(), cond) - eps
+        target = eps if self.config.prediction == "epsilon" else abar.sqrt() * eps - (1 - abar).sqrt() * actions
+        err = self.body.net(noisy, k.float(), cond) - target
         return weighted_mean(self.body.per_sample_loss(err, batch), weights)
 
     def forward(self, batch: Mapping[str, torch.Tensor], weights: torch.Tensor | None = None) -> torch.Tensor:
@@ -76,11 +88,14 @@ class DiffusionPolicy(nn.Module):
         b = cond.shape[0]
         x = noise if noise is not None else torch.randn(b, self.config.horizon, self.shapes.action_dim, device=cond.device)
         ts = self.ddim_timesteps(n)
-        for i, (k, noise_of) in enumerate(zip(ts, self.body.step_fns([float(k) for k in ts], cond))):
+        for i, (k, net_at_k) in enumerate(zip(ts, self.body.step_fns([float(k) for k in ts], cond))):
             abar = self.abar[k]
             abar_prev = self.abar[ts[i + 1]] if i + 1 < len(ts) else torch.ones((), device=cond.device)
-            eps = noise_of(x)
-            x0 = (x - (1 - abar).sqrt() * eps) / abar.sqrt()
+            out = net_at_k(x)
+            if self.config.prediction == "epsilon":
+                eps, x0 = out, (x - (1 - abar).sqrt() * out) / abar.sqrt()
+            else:
+                eps, x0 = (1 - abar).sqrt() * x + abar.sqrt() * out, abar.sqrt() * x - (1 - abar).sqrt() * out
             if self.config.clip_sample:
                 x0 = x0.clamp(-1, 1)
             x = abar_prev.sqrt() * x0 + (1 - abar_prev).sqrt() * eps
