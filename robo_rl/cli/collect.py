@@ -21,7 +21,7 @@ def main(argv: list[str]) -> int:
 
 
 def run(cfg: DictConfig) -> int:
-    from robo_rl.sim.recording import demo_schema, demo_step
+    from robo_rl.sim.recording import demo_schema, expert_episode
     from robo_rl.sim.envs import BimanualEnv
     from robo_rl.sim.expert import ExpertNoise
 
@@ -50,26 +50,13 @@ def run(cfg: DictConfig) -> int:
         while kept < cfg.episodes and tries < max_tries:
             seed = int(cfg.seed) + tries
             tries += 1
-            obs, _ = env.reset(seed=seed)
-            init_state = env.sim_state().tolist()
-            expert = env.expert(noise)
-            steps = []
-            info = {"success": False, "max_stage": 0}
-            for _ in range(env.max_steps):
-                prev = obs
-                obs, _, terminated, truncated, info = env.step(expert.act())
-                steps.append(demo_step(prev, info["executed_action"], cameras))
-                if terminated or truncated or (expert.done and info["success"]):
-                    break
-            ok = bool(info["success"])
+            data, ok, facts = expert_episode(env, seed, noise, cameras)
             successes += ok
-            n = len(steps)
+            n = len(data["action"])
             if ok or cfg.keep_failed:
-                data = {k: np.stack([s[k] for s in steps]) for k in schema.keys}
                 ts = np.arange(n) / env.robot.spec.control_hz
                 meta = EpisodeMeta(task=cfg.task, success=ok, source="scripted", operator="expert",
-                                   extra={"seed": seed, "init_state": init_state, "max_stage": int(info["max_stage"]),
-                                          "noise": cfg.noise})
+                                   extra={**facts, "noise": cfg.noise})
                 store.add_episode(data, ts, "SCRIPTED", meta)
                 kept += 1
                 lengths.append(n)

@@ -110,7 +110,7 @@ def run(cfg: DictConfig) -> int:
                 st = collect_interventions(predictor(policy), task, obs_keys, policy.config.n_obs, policy.config.horizon,
                                            chunk_cfg, data, episodes, seed, mode=method, n_envs=int(cfg.n_envs),
                                            operator=op_cfg, max_operator_samples=need)
-            total = _add(total, st)
+            total.add(st)
             if method == "rac":
                 budget[r] = total.operator_samples
             comp = CompositionConfig(**{**comp_opts, "mode": comp_opts.get("mode") or OWN_COMPOSITION[method]})
@@ -130,16 +130,6 @@ def run(cfg: DictConfig) -> int:
     write_plots(results, out)
     print(f"results: {out / 'results.json'}; plots: {out}/*.png")
     return 0
-
-
-def _add(total: Any, st: Any) -> Any:
-    total.episodes += st.episodes
-    total.successes += st.successes
-    for k, v in st.steps.items():
-        total.steps[k] = total.steps.get(k, 0) + v
-    total.interventions += st.interventions
-    total.operator_time_s += st.operator_time_s
-    return total
 
 
 def print_results(results: dict[str, Any]) -> None:

@@ -28,7 +28,7 @@ from robo_rl.runtime.chunking import ChunkExecutor, ChunkingConfig
 from robo_rl.sim.envs import BimanualEnv
 from robo_rl.sim.expert import ExpertNoise
 from robo_rl.sim.operator import OperatorConfig, SimOperator
-from robo_rl.sim.recording import demo_schema, demo_step
+from robo_rl.sim.recording import demo_schema, demo_step, expert_episode
 from robo_rl.sim.rollout import _env_obs
 
 OPERATOR_LABELS = (int(Segment.RECOVERY), int(Segment.CORRECTION))
@@ -50,6 +50,19 @@ class CollectStats:
     @property
     def operator_samples(self) -> int:
         return self.steps["RECOVERY"] + self.steps["CORRECTION"] + self.steps["TELEOP"]  # what the operator commanded
+
+    def add(self, other: "CollectStats") -> "CollectStats":
+        """Accumulate another collection's counts into this one (wall time excluded)."""
+        self.episodes += other.episodes
+        self.successes += other.successes
+        for k, v in other.steps.items():
+            self.steps[k] = self.steps.get(k, 0) + v
+        self.interventions += other.interventions
+        self.episodes_with_intervention += other.episodes_with_intervention
+        self.operator_time_s += other.operator_time_s
+        for k, v in other.reasons.items():
+            self.reasons[k] = self.reasons.get(k, 0) + v
+        return self
 
     def to_dict(self) -> dict[str, Any]:
         return {"episodes": self.episodes, "successes": self.successes, "steps": dict(self.steps),
@@ -220,26 +233,17 @@ def collect_expert_demos(task: str, out: str | Path, seed: int, max_samples: int
     stats, t0, tries = CollectStats(), time.perf_counter(), 0
     with store:
         while stats.operator_samples < max_samples and tries < max_episodes:
-            obs, _ = env.reset(seed=seed + tries)
-            init_state = env.sim_state().tolist()
-            expert, steps, info = env.expert(noise or ExpertNoise()), [], {"success": False}
+            data, ok, facts = expert_episode(env, seed + tries, noise or ExpertNoise())
             tries += 1
-            for _ in range(env.max_steps):
-                prev = obs
-                obs, _, terminated, truncated, info = env.step(expert.act())
-                steps.append(demo_step(prev, info["executed_action"], []))
-                if terminated or truncated:
-                    break
-            stats.operator_time_s += len(steps) / fps  # a failed demo still cost the operator its time
-            if not info["success"]:
+            n = len(data["action"])
+            stats.operator_time_s += n / fps  # a failed demo still cost the operator its time
+            if not ok:
                 continue
-            data = {k: np.stack([st[k] for st in steps]) for k in schema.keys}
-            store.add_episode(data, np.arange(len(steps)) / fps, "TELEOP",
-                              EpisodeMeta(task=task, success=True, source="teleop", operator="scripted_expert",
-                                          extra={"seed": seed + tries - 1, "init_state": init_state}))
+            store.add_episode(data, np.arange(n) / fps, "TELEOP",
+                              EpisodeMeta(task=task, success=True, source="teleop", operator="scripted_expert", extra=facts))
             stats.episodes += 1
             stats.successes += 1
-            stats.steps["TELEOP"] += len(steps)
+            stats.steps["TELEOP"] += n
     env.close()
     stats.wall_s = time.perf_counter() - t0
     return stats

@@ -27,3 +27,20 @@ def demo_step(obs: Mapping[str, Any], executed: np.ndarray, cameras: Sequence[st
     step = {"obs/qpos": obs["qpos"], "obs/qvel": obs["qvel"], "obs/env_state": obs["env_state"], "action": executed}
     step.update({f"obs/images/{c}": obs["images"][c] for c in cameras})
     return step
+
+
+def expert_episode(env, seed: int, noise: Any, cameras: Sequence[str] = ()) -> tuple[dict[str, np.ndarray], bool, dict[str, Any]]:
+    """One scripted-expert episode from `seed`: its store steps stacked per key (with the demo
+    schema's keys), whether it succeeded, and what replay needs (seed, initial physics state,
+    furthest stage)."""
+    obs, _ = env.reset(seed=seed)
+    facts = {"seed": seed, "init_state": env.sim_state().tolist(), "max_stage": 0}
+    expert, steps, info = env.expert(noise), [], {"success": False, "max_stage": 0}
+    for _ in range(env.max_steps):
+        prev = obs
+        obs, _, terminated, truncated, info = env.step(expert.act())
+        steps.append(demo_step(prev, info["executed_action"], cameras))
+        if terminated or truncated:
+            break
+    facts["max_stage"] = int(info["max_stage"])
+    return {k: np.stack([s[k] for s in steps]) for k in steps[0]}, bool(info["success"]), facts
