@@ -29,7 +29,7 @@ from robo_rl.sim.envs import BimanualEnv
 from robo_rl.sim.expert import ExpertNoise
 from robo_rl.sim.operator import OperatorConfig, SimOperator
 from robo_rl.sim.recording import demo_schema, demo_step, expert_episode
-from robo_rl.sim.rollout import _env_obs
+from robo_rl.sim.rollout import _env_obs, predict_chunks
 
 OPERATOR_LABELS = (int(Segment.RECOVERY), int(Segment.CORRECTION))
 PredictFn = Callable[[Mapping[str, np.ndarray]], np.ndarray]
@@ -183,12 +183,8 @@ def collect_interventions(
     try:
         with store:
             while any(active):
-                need = [i for i in range(n_envs) if active[i] and not ctls[i].in_control and execs[i].needs_prediction()]
-                if need:
-                    batch = {k: np.stack([np.stack([w[k] for w in windows[i]]) for i in need]) for k in obs_keys}
-                    chunks = predict(batch)
-                    for j, i in enumerate(need):
-                        execs[i].push(chunks[j])
+                policy_driven = [i for i in range(n_envs) if active[i] and not ctls[i].in_control]
+                predict_chunks(predict, policy_driven, windows, execs, obs_keys)
                 for i in range(n_envs):
                     if not active[i]:
                         continue

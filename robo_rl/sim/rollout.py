@@ -101,6 +101,17 @@ def _env_obs(obs: Mapping[str, Any], keys: Sequence[str]) -> dict[str, np.ndarra
     return out
 
 
+def predict_chunks(predict: PredictFn, envs: Sequence[int], windows: Sequence[Sequence[Mapping[str, np.ndarray]]],
+                   execs: Sequence[ChunkExecutor], obs_keys: Sequence[str]) -> None:
+    """One batched policy call for those of `envs` whose executor needs a new chunk."""
+    need = [i for i in envs if execs[i].needs_prediction()]
+    if need:
+        batch = {k: np.stack([np.stack([w[k] for w in windows[i]]) for i in need]) for k in obs_keys}
+        chunks = predict(batch)
+        for j, i in enumerate(need):
+            execs[i].push(chunks[j])
+
+
 def evaluate_policy(
     predict: PredictFn,
     task: str,
@@ -168,12 +179,7 @@ def evaluate_policy(
         start(i)
     try:
         while any(active):
-            need = [i for i in range(n_envs) if active[i] and execs[i].needs_prediction()]
-            if need:
-                batch = {k: np.stack([np.stack([w[k] for w in windows[i]]) for i in need]) for k in obs_keys}
-                chunks = predict(batch)
-                for j, i in enumerate(need):
-                    execs[i].push(chunks[j])
+            predict_chunks(predict, [i for i in range(n_envs) if active[i]], windows, execs, obs_keys)
             for i in range(n_envs):
                 if not active[i]:
                     continue
