@@ -139,3 +139,23 @@ def test_recovery_counter_counts_a_redone_sub_task_not_contact_flicker():
         if term or trunc:
             break
     assert info["success"] and counter.count == 1
+
+
+def test_hg_dagger_operator_plans_each_correction_afresh():
+    """HG-DAgger's operator (no recovery) corrects from where things are at each takeover, never
+    resuming the plan of an earlier correction."""
+    env = BimanualEnv("transfer_cube", max_steps=800)
+    env.reset(seed=0)
+    policy = env.expert(ExpertNoise.none())
+    op = SimOperator(env, OperatorConfig(recover=False), rng=np.random.default_rng(0))
+    ctl = InterventionController(op, InterventionConfig(mode="hg_dagger"))
+    plans = []
+    for k in range(env.max_steps):
+        act, label = ctl.step(open_right_gripper_mid_transfer(env, policy.act(), k), env.robot.time, env.task.stage(env.robot))
+        if label == Segment.CORRECTION and (not plans or plans[-1][0] != len(ctl.interventions)):
+            plans.append((len(ctl.interventions), op._plan))
+        _, _, term, trunc, _ = env.step(act)
+        if term or trunc:
+            break
+    assert len(ctl.interventions) >= 2 and all(r.recovery_steps <= 1 for r in ctl.interventions)
+    assert len({id(p) for _, p in plans}) == len(plans)

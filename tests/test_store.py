@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from episodes import assert_episode_equal, make_episode, small_schema
 
-from robo_rl.data.schema import EpisodeMeta, Segment
+from robo_rl.data.schema import EpisodeMeta, Schema, Segment
 from robo_rl.data.store import IMAGE_SHARD, EpisodeStore
-from robo_rl.errors import StoreError
+from robo_rl.errors import SchemaError, StoreError
 
 
 def test_episodes_round_trip_bit_for_bit(filled_store):
@@ -189,3 +189,16 @@ def test_corrupted_chunk_is_reported_not_returned(filled_store):
     with pytest.raises(StoreError, match="'action' rows .* unreadable"):
         store.read("action")
     assert any("'action'" in p and "unreadable" in p for p in store.validate())
+
+
+def test_open_or_create_appends_and_refuses_another_schema(tmp_path):
+    schema = Schema.build({"obs/qpos": ((2,), "float32"), "action": ((2,), "float32")}, fps=50)
+    with EpisodeStore.open_or_create(tmp_path / "s", schema) as store:
+        store.add_episode({"obs/qpos": np.zeros((3, 2), np.float32), "action": np.zeros((3, 2), np.float32)},
+                          np.arange(3) / 50, "TELEOP", EpisodeMeta(task="toy"))
+    with EpisodeStore.open_or_create(tmp_path / "s", schema) as store:  # appends, keeps what is there
+        assert store.n_episodes == 1
+    other = Schema.build({"obs/qpos": ((3,), "float32"), "action": ((2,), "float32")}, fps=50)
+    with pytest.raises(SchemaError, match="not the ones given"):
+        EpisodeStore.open_or_create(tmp_path / "s", other)
+    assert EpisodeStore.open(tmp_path / "s").n_episodes == 1

@@ -13,7 +13,7 @@ from robo_rl.cli.app import run_app
 from robo_rl.cli.tables import print_table
 from robo_rl.data.schema import EpisodeMeta
 from robo_rl.data.store import EpisodeStore
-from robo_rl.errors import ConfigError
+from robo_rl.errors import ConfigError, SchemaError
 
 
 def main(argv: list[str]) -> int:
@@ -34,12 +34,10 @@ def run(cfg: DictConfig) -> int:
     env = BimanualEnv(cfg.task, obs_mode="state+pixels" if cameras else "state", cameras=cameras or ("top",), image_size=size)
     schema = demo_schema(env, cameras, size)
     out = Path(cfg.out)
-    if (out / "zarr.json").exists() and not cfg.overwrite:
-        store = EpisodeStore.open(out, mode="a")
-        if store.schema.to_json() != schema.to_json():
-            raise ConfigError(f"{out}: holds a different schema; pass overwrite=true or another out=")
-    else:
-        store = EpisodeStore.create(out, schema, overwrite=cfg.overwrite)
+    try:
+        store = EpisodeStore.open_or_create(out, schema, overwrite=bool(cfg.overwrite))
+    except SchemaError:
+        raise ConfigError(f"{out}: holds a different schema; pass overwrite=true or another out=") from None
     (out.parent / f"{out.name}.collect.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     noise = ExpertNoise() if cfg.noise == "human" else ExpertNoise.none()
     max_tries = cfg.max_tries or 2 * cfg.episodes

@@ -75,12 +75,10 @@ def record_demos(task: str, out: Path, episodes: int, seed: int) -> dict[str, An
 def run(cfg: DictConfig) -> int:
     from robo_rl.cli.eval import predictor
     from robo_rl.cli.rac import evaluate
-    from robo_rl.data.sampler import WindowSampler
-    from robo_rl.data.stats import get_stats
-    from robo_rl.data.store import EpisodeStore
+    from robo_rl.cli.train import policy_for_store
     from robo_rl.learn import Learner, LearnerConfig
     from robo_rl.learn.learner import resolve_device
-    from robo_rl.policies import ObsShapes, load_policy, make_policy, policy_spec, read_checkpoint
+    from robo_rl.policies import checkpoint_info, load_policy, read_checkpoint
     from robo_rl.rac.finetune import finetune
     from robo_rl.rac.mixing import CompositionConfig
     from robo_rl.runtime.chunking import ChunkingConfig
@@ -109,21 +107,15 @@ def run(cfg: DictConfig) -> int:
 
     # 2. pre-train a flow policy
     t = time.perf_counter()
-    store = EpisodeStore.open(demos)
-    shapes = ObsShapes.from_schema(store.schema, obs_keys)
-    stats = get_stats(store, [*shapes.lowdim, shapes.action_key], save=False)
-    policy = make_policy("flow", {}, shapes, stats)
     lcfg = LearnerConfig(steps=int(s["pretrain_steps"]), batch_size=int(s["batch_size"]), lr=3e-4, warmup_steps=300,
                          checkpoint_every=1000, seed=int(cfg.seed), device=cfg.device, threads=int(cfg.threads))
-    sampler = WindowSampler(store, obs_keys, n_obs=policy.config.n_obs, horizon=policy.config.horizon,
-                            device=resolve_device(lcfg.device))
+    policy, sampler, n_demos = policy_for_store(demos, obs_keys, "flow", {}, None, resolve_device(lcfg.device))
     chunking = {"n_action_steps": policy.config.n_action_steps}
     pre_dir = out / "pretrain"
     print(f"2/5 pre-train a flow policy ({sum(p.numel() for p in policy.parameters()) / 1e6:.2f}M params) on "
-          f"{store.n_episodes} demos, {lcfg.steps} steps")
+          f"{n_demos} demos, {lcfg.steps} steps")
     Learner(policy, lcfg, pre_dir, lambda bs, g, w: sampler.sample(bs, g, w),
-            extra={"policy": policy_spec(policy), "task": cfg.task, "dataset": str(demos), "n_episodes": store.n_episodes,
-                   "obs_keys": obs_keys, "chunking": chunking}).fit()
+            extra=checkpoint_info(policy, cfg.task, demos, n_demos, obs_keys, chunking)).fit()
     ckpt = read_checkpoint(pre_dir / "checkpoints" / "last.pt")
     timings["2 pre-train"] = time.perf_counter() - t
     t = time.perf_counter()

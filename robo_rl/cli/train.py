@@ -22,16 +22,34 @@ def default_run_dir(cfg: DictConfig) -> Path:
     return Path("data/runs") / f"{cfg.task}-{cfg.policy.name}-{stamp or time.strftime('%Y%m%d-%H%M%S')}"
 
 
+def policy_for_store(dataset: str | Path, obs_keys: list[str], name: str, options: dict, n_episodes: int | None,
+                     device: str | None, segment_weights: dict | None = None):
+    """A fresh policy sized and normalised for the first `n_episodes` episodes of a store (all if
+    None), and the window sampler over them. Returns (policy, sampler, number of episodes)."""
+    from robo_rl.data.sampler import WindowSampler
+    from robo_rl.data.stats import get_stats
+    from robo_rl.data.store import EpisodeStore
+    from robo_rl.policies import ObsShapes, make_policy
+
+    store = EpisodeStore.open(dataset, mode="r")
+    n = store.n_episodes if n_episodes is None else int(n_episodes)
+    if not 1 <= n <= store.n_episodes:
+        raise ConfigError(f"train: n_episodes={n_episodes} but {dataset} holds {store.n_episodes} episodes")
+    shapes = ObsShapes.from_schema(store.schema, obs_keys)
+    stats = get_stats(store, [*shapes.lowdim, shapes.action_key], save=False)
+    policy = make_policy(name, options, shapes, stats)
+    sampler = WindowSampler(store, obs_keys, n_obs=policy.config.n_obs, horizon=policy.config.horizon,
+                            episodes=range(n), device=device, segment_weights=segment_weights)
+    return policy, sampler, n
+
+
 def run(cfg: DictConfig) -> int:
     import torch
 
     from robo_rl.cli.eval import print_summary, run_eval, write_eval
-    from robo_rl.data.sampler import WindowSampler
-    from robo_rl.data.stats import get_stats
-    from robo_rl.data.store import EpisodeStore
     from robo_rl.learn import Learner, LearnerConfig
     from robo_rl.learn.learner import resolve_device
-    from robo_rl.policies import ObsShapes, make_policy, policy_spec
+    from robo_rl.policies import checkpoint_info
     from robo_rl.sim.tasks import TASKS
 
     if cfg.task not in TASKS:
@@ -45,21 +63,14 @@ def run(cfg: DictConfig) -> int:
     if not cfg.resume and last.is_file():
         raise ConfigError(f"train: {run_dir} already holds a run; pass resume=true to continue it or another run_dir=")
     learner_cfg = LearnerConfig.from_dict(OmegaConf.to_container(cfg.learner, resolve=True))
-    store = EpisodeStore.open(cfg.dataset, mode="r")
-    n = store.n_episodes if cfg.n_episodes is None else int(cfg.n_episodes)
-    if not 1 <= n <= store.n_episodes:
-        raise ConfigError(f"train: n_episodes={cfg.n_episodes} but {cfg.dataset} holds {store.n_episodes} episodes")
     obs_keys = list(cfg.obs_keys)
-    shapes = ObsShapes.from_schema(store.schema, obs_keys)
-    stats = get_stats(store, [*shapes.lowdim, shapes.action_key], save=False)
     policy_options = {k: v for k, v in OmegaConf.to_container(cfg.policy, resolve=True).items() if k != "name"}
-    policy = make_policy(cfg.policy.name, policy_options, shapes, stats)
-    sampler = WindowSampler(store, obs_keys, n_obs=policy.config.n_obs, horizon=policy.config.horizon,
-                            episodes=range(n), device=resolve_device(learner_cfg.device, int(os.environ.get("LOCAL_RANK", "0"))),
-                            segment_weights=OmegaConf.to_container(cfg.segment_weights) if cfg.segment_weights else None)
+    policy, sampler, n = policy_for_store(
+        cfg.dataset, obs_keys, cfg.policy.name, policy_options, cfg.n_episodes,
+        resolve_device(learner_cfg.device, int(os.environ.get("LOCAL_RANK", "0"))),
+        OmegaConf.to_container(cfg.segment_weights) if cfg.segment_weights else None)
     chunking = OmegaConf.to_container(cfg.eval.chunking, resolve=True)
-    extra = {"policy": policy_spec(policy), "task": cfg.task, "dataset": str(cfg.dataset), "n_episodes": n,
-             "obs_keys": obs_keys, "chunking": chunking, "config": OmegaConf.to_container(cfg, resolve=True)}
+    extra = checkpoint_info(policy, cfg.task, cfg.dataset, n, obs_keys, chunking, config=OmegaConf.to_container(cfg, resolve=True))
 
     def evaluate(model, step):
         out = run_dir / f"eval-step{step}"

@@ -193,13 +193,11 @@ class Recorder:
         start_timeout: float = 60.0,
     ):
         path = str(path)
-        if schema is not None and (overwrite or not (Path(path) / "zarr.json").exists()):
-            EpisodeStore.create(path, schema, overwrite=overwrite, image_codec=image_codec).close()
+        if schema is not None:  # create it, or check that the existing store holds this schema
+            EpisodeStore.open_or_create(path, schema, overwrite=overwrite, image_codec=image_codec).close()
         with EpisodeStore.open(path, mode="r") as probe:
             self.schema = probe.schema
             self._first_episode = probe.n_episodes
-        if schema is not None and schema.to_json() != self.schema.to_json():
-            raise SchemaError(f"{path}: existing store has schema {self.schema.to_json()['keys']}, not the one given")
         self.path = path
         self._slots = max(8, int(ring_seconds * self.schema.fps))
         shm_dir = "/dev/shm" if os.path.isdir("/dev/shm") else None

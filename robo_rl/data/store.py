@@ -167,6 +167,19 @@ class EpisodeStore:
         return cls(group, str(root), "a", lock_fd)
 
     @classmethod
+    def open_or_create(cls, path: str | os.PathLike, schema: Schema, overwrite: bool = False, **create_options: Any) -> "EpisodeStore":
+        """A local store opened to append, created first if missing (or replaced: overwrite=True).
+        An existing store must hold `schema`, so episodes of another shape never mix in."""
+        if overwrite or not (_local_path(path) / "zarr.json").is_file():
+            return cls.create(path, schema, overwrite=overwrite, **create_options)
+        store = cls.open(path, mode="a")
+        if store.schema.to_json() != schema.to_json():
+            store.close()
+            raise SchemaError(f"{path}: holds episodes with keys {store.schema.to_json()['keys']}, not the ones given; "
+                              "pass another path (or overwrite)")
+        return store
+
+    @classmethod
     def open(cls, path: str | os.PathLike, mode: str = "r", storage_options: dict | None = None) -> "EpisodeStore":
         """Open a store. mode 'r' reads (local or any fsspec URL); 'a' appends (local only, one writer)."""
         if mode not in ("r", "a"):

@@ -19,7 +19,7 @@ POLICIES = {"flow": FlowPolicy, "diffusion": DiffusionPolicy}
 BEFORE_OPTION_EXISTED = {"flow": {"dit_mlp_ratio": 4.0}, "diffusion": {"dit_mlp_ratio": 4.0, "prediction": "epsilon"}}
 
 __all__ = ["POLICIES", "ChunkConfig", "DiffusionConfig", "DiffusionPolicy", "FlowConfig", "FlowPolicy", "ObsShapes",
-           "Policy", "make_policy", "policy_spec", "load_policy", "read_checkpoint"]
+           "Policy", "checkpoint_info", "make_policy", "policy_spec", "load_policy", "read_checkpoint"]
 
 
 def make_policy(name: str, config: Mapping[str, Any] | None, shapes: ObsShapes, stats: Mapping[str, Any] | None = None):
@@ -32,6 +32,14 @@ def make_policy(name: str, config: Mapping[str, Any] | None, shapes: ObsShapes, 
 def policy_spec(policy: Any) -> dict[str, Any]:
     """What it takes to rebuild `policy` (without weights)."""
     return {"name": policy.name, "config": policy.config.to_dict(), "shapes": policy.shapes.to_dict()}
+
+
+def checkpoint_info(policy: Any, task: str | None, dataset: str | Path | None, n_episodes: int | None,
+                    obs_keys: list[str], chunking: Mapping[str, Any] | None, **more: Any) -> dict[str, Any]:
+    """What a Learner checkpoint carries besides weights, so `eval`, `rac` and fine-tuning can
+    rebuild and roll out the policy: its description, task, data, observation keys, chunking."""
+    return {"policy": policy_spec(policy), "task": task, "dataset": None if dataset is None else str(dataset),
+            "n_episodes": n_episodes, "obs_keys": list(obs_keys), "chunking": dict(chunking or {}), **more}
 
 
 def read_checkpoint(path: str | Path, device: str = "cpu") -> dict[str, Any]:

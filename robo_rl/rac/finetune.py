@@ -18,7 +18,7 @@ from robo_rl.data.store import EpisodeStore
 from robo_rl.errors import ConfigError
 from robo_rl.learn import Learner, LearnerConfig
 from robo_rl.learn.learner import resolve_device
-from robo_rl.policies import load_policy, policy_spec
+from robo_rl.policies import checkpoint_info, load_policy
 from robo_rl.rac.mixing import CompositionConfig, MixedSampler, composition_weights
 
 
@@ -48,9 +48,10 @@ def finetune(checkpoint: Mapping[str, Any], demos: Sequence[tuple[str | Path, in
     for s, w in zip(samplers, composition_weights(sources, composition)):
         s.reweight(w)
     mixed = MixedSampler(samplers)
-    info = {"policy": policy_spec(policy), "task": checkpoint.get("task"), "dataset": str(demos[0][0]) if demos else None,
-            "n_episodes": demos[0][1] if demos else None, "obs_keys": obs_keys, "chunking": checkpoint.get("chunking"),
-            "finetune": {"stores": [s["path"] for s in sources], "composition": asdict(composition)}, **dict(extra or {})}
+    info = checkpoint_info(policy, checkpoint.get("task"), demos[0][0] if demos else None, demos[0][1] if demos else None,
+                           obs_keys, checkpoint.get("chunking"),
+                           finetune={"stores": [s["path"] for s in sources], "composition": asdict(composition)},
+                           **dict(extra or {}))
     trainer = Learner(policy, learner, run_dir, lambda bs, gen, weighted: mixed.sample(bs, gen, weighted), extra=info,
                       evaluate=evaluate, progress=progress)
     result = trainer.fit()

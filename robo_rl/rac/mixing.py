@@ -135,8 +135,9 @@ def composition_weights(sources: Sequence[Mapping[str, Any]], cfg: CompositionCo
             target[g] = s
         else:
             target[g] = (1.0 - fixed) * totals[g] / free_total if free_total > 0 else 0.0
-    scale = {g: (target[g] / totals[g] if totals[g] > 0 else 0.0) for g in totals}
-    w_all = w_all * np.vectorize(scale.get, otypes=[float])(g_all)
+    for g, total in totals.items():
+        if total > 0:
+            w_all[g_all == g] *= target[g] / total
     w_all *= len(w_all) / w_all.sum()
     return [part.astype(np.float32) for part in np.split(w_all, np.cumsum([len(b) for b in base])[:-1])]
 

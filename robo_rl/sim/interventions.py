@@ -105,10 +105,7 @@ def collect_interventions(
     n_envs = min(n_envs, episodes)
     envs = [BimanualEnv(task, obs_mode="state") for _ in range(n_envs)]
     schema = demo_schema(envs[0], [], (0, 0))
-    out = Path(out)
-    store = EpisodeStore.open(out, mode="a") if (out / "zarr.json").exists() else EpisodeStore.create(out, schema)
-    if store.schema.to_json() != schema.to_json():
-        raise ConfigError(f"{out}: holds a different schema than the twin's {task} episodes")
+    store = EpisodeStore.open_or_create(out, schema)
     fps = envs[0].robot.spec.control_hz
     icfg = InterventionConfig(mode=mode)
     op_cfg = operator or OperatorConfig()
@@ -223,8 +220,7 @@ def collect_expert_demos(task: str, out: str | Path, seed: int, max_samples: int
     appended to `out` until they hold `max_samples` steps, all counted as operator samples."""
     env = BimanualEnv(task, obs_mode="state")
     schema = demo_schema(env, [], (0, 0))
-    out = Path(out)
-    store = EpisodeStore.open(out, mode="a") if (out / "zarr.json").exists() else EpisodeStore.create(out, schema)
+    store = EpisodeStore.open_or_create(out, schema)
     fps = env.robot.spec.control_hz
     stats, t0, tries = CollectStats(), time.perf_counter(), 0
     with store:

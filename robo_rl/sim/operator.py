@@ -28,7 +28,7 @@ import numpy as np
 
 from robo_rl.rac.intervention import CORRECTION_DONE, RECOVERY_DONE, TAKE_OVER, OperatorEvent, Phase
 from robo_rl.sim.expert import ExpertNoise, Pose, ScriptedExpert, Segment
-from robo_rl.sim.tasks import finger_geoms, touching
+from robo_rl.sim.tasks import grasped
 
 
 @dataclass
@@ -42,6 +42,15 @@ class OperatorConfig:
     correction_timeout_s: float = 12.0  # give up a correction that has not finished by then
     recover: bool = True  # False (HG-DAgger's operator): correct at once, no recovery manoeuvre
     expert_noise: ExpertNoise = field(default_factory=ExpertNoise)
+
+
+def gripper_command(env, action: np.ndarray, arm: str) -> float:
+    return float(action[env.robot.spec.joint_names.index(f"{arm}_gripper")])
+
+
+def closed_on_nothing(env, action: np.ndarray, arm: str, geom: str, closed_below: float) -> bool:
+    """`action` closes `arm`'s gripper while its fingers do not hold `geom`."""
+    return gripper_command(env, action, arm) < closed_below and not grasped(env.robot, geom, arm)
 
 
 class SimOperator:
@@ -76,6 +85,7 @@ class SimOperator:
         if phase != self._seen:
             if phase == Phase.AUTONOMOUS:  # HG-DAgger handed control back: watch afresh from here
                 self._watch_from(stage)
+                self._plan_phase = None  # the next takeover plans anew
             self._seen, self._phase_start = phase, self._step
         self._step += 1
         if phase == Phase.AUTONOMOUS:
@@ -125,10 +135,7 @@ class SimOperator:
             return f"no progress in {env.task.stage_names[stage]} for {cfg.patience_s:.1f} s"
         if policy_action is not None:
             for arm, geom in env.task.grasp_targets(stage):
-                grip = float(policy_action[env.robot.spec.joint_names.index(f"{arm}_gripper")])
-                a, b = finger_geoms(env.robot, arm)
-                holding = touching(env.robot, geom, a) and touching(env.robot, geom, b)
-                empty = grip < cfg.closed_below and not holding
+                empty = closed_on_nothing(env, policy_action, arm, geom, cfg.closed_below)
                 self._closed_empty[arm] = self._closed_empty.get(arm, 0) + 1 if empty else 0
                 if self._closed_empty[arm] * dt > cfg.grasp_s:
                     return f"{arm} gripper closed without holding {geom} (misaligned grasp)"
@@ -141,8 +148,7 @@ class SimOperator:
     def _recovery_plan(self, stage: int, start: np.ndarray) -> ScriptedExpert:
         """Open what holds nothing useful, lift away, go to the sub-task's pre-grasp pose."""
         env, robot = self.env, self.env.robot
-        holding = {arm for arm, geom in env.task.grasp_targets(stage)
-                   if touching(robot, geom, finger_geoms(robot, arm)[0]) and touching(robot, geom, finger_geoms(robot, arm)[1])}
+        holding = {arm for arm, geom in env.task.grasp_targets(stage) if grasped(robot, geom, arm)}
         reference: dict[str, Segment | None] = {}
 
         def pregrasp(arm: str):
@@ -205,12 +211,9 @@ class RecoveryCounter:
                 self.count += 1  # redone what came undone
             self._lost_steps, self._best = 0, stage
         for arm, geom in env.task.grasp_targets(stage):
-            grip = float(action[env.robot.spec.joint_names.index(f"{arm}_gripper")])
-            a, b = finger_geoms(env.robot, arm)
-            empty = grip < cfg.closed_below and not (touching(env.robot, geom, a) and touching(env.robot, geom, b))
-            if empty:
+            if closed_on_nothing(env, action, arm, geom, cfg.closed_below):
                 self._missed[arm] = self._missed.get(arm, 0) + 1
             else:
-                if self._missed.get(arm, 0) * dt >= cfg.grasp_s and grip >= cfg.closed_below:
+                if self._missed.get(arm, 0) * dt >= cfg.grasp_s and gripper_command(env, action, arm) >= cfg.closed_below:
                     self.count += 1  # a missed grasp, reopened to try again
                 self._missed[arm] = 0
