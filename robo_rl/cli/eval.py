@@ -89,8 +89,8 @@ def run(cfg: DictConfig) -> int:
     if not task:
         raise ConfigError("eval: the checkpoint does not name its task; pass task=...")
     chunking = dict(ckpt.get("chunking") or {"n_action_steps": policy.config.n_action_steps})
-    if cfg.chunking:
-        chunking.update(OmegaConf.to_container(cfg.chunking, resolve=True))
+    overrides = OmegaConf.to_container(cfg.chunking, resolve=True) if cfg.chunking else {}
+    chunking.update({k: v for k, v in overrides.items() if v is not None})
     out = Path(cfg.out) if cfg.out else path.parent.parent / f"eval-{path.stem}"
     torch.manual_seed(int(cfg.seed))
     summary = run_eval(policy, task, chunking, int(cfg.episodes), int(cfg.n_envs), int(cfg.seed), int(cfg.videos), out,

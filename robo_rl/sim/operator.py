@@ -2,17 +2,24 @@
 rollout in RaC (ALGORITHMS.md §2).
 
 It watches with privileged state and takes over when failure looks imminent:
-- stage regressed: a sub-task that was done came undone (object dropped, lid knocked off);
-- no progress: the stage has not advanced for `patience_s` seconds;
+- stage regressed: a sub-task that was done came undone for `regress_s` (object dropped, lid
+  knocked off). Not a one-stage dip while the hand still holds the sub-task's object: lowering a
+  held cube into the box unsets "lifted" before "in box" is set, and that is placing, not failing;
+- no progress: the stage has not advanced for longer than the demos' expert ever needs for it
+  (`patience_factor` x its longest time in that stage over `patience_seeds` human-like demos), or
+  for a fixed `patience_s` if set. A fixed patience shorter than the expert's own time takes over
+  from a policy that is merely slow, and the recovery then teaches it to back away from a grasp
+  that was going fine;
 - grasp misaligned: a gripper the current sub-task needs has been closed for `grasp_s` seconds
   without holding its object.
-- out of time: the episode nears its end with the task unfinished.
+- out of time (off by default): the episode nears its end with the task unfinished.
 Then it follows the RaC rules:
 1. RECOVERY: back to a familiar, in-distribution state for the sub-task already attempted: open
    grippers that hold nothing useful, lift away, return to the sub-task's pre-grasp pose (the
    first pose the demos' expert goes to for this stage).
 2. CORRECTION: complete the current sub-task with the expert, planned from where things are.
-3. END: when the sub-task is done (its stage advanced), the episode ends.
+3. END: when the sub-task is done (its stage advanced and held for `done_hold_s`; a contact that
+   flickers as an object settles is not done), the episode ends.
 
 It is a `robo_rl.rac.Operator`, the interface a human on a teleop device gets too: each tick
 `signal` says take_over / recovery_done / correction_done (or nothing) and, while in control,
@@ -22,6 +29,7 @@ labels, the END rule and the smooth switch of control.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,12 +41,18 @@ from robo_rl.sim.tasks import grasped
 
 @dataclass
 class OperatorConfig:
-    patience_s: float = 4.0  # no stage progress for this long -> take over
+    patience_s: float | None = None  # no stage progress for this long -> take over (None: per stage, below)
+    patience_factor: float = 1.5  # per-stage patience = this x the expert's longest time in the stage
+    patience_seeds: int = 10  # human-like expert demos that time each stage
+    min_patience_s: float = 2.0
+    done_hold_s: float = 0.2  # the correction's stage advance must hold this long to count as done
     grasp_s: float = 0.6  # a needed gripper closed on nothing for this long -> take over
     closed_below: float = 0.3  # gripper command under this counts as closed
     regress: bool = True  # take over when a finished sub-task comes undone
+    regress_s: float = 0.3  # ... for this long (shorter dips are contact flicker)
     lift_m: float = 0.08  # recovery: how far to lift away
-    end_margin_s: float = 5.0  # take over this long before the episode's time limit if unfinished
+    end_margin_s: float = 0.0  # > 0: take over this long before the time limit if unfinished (0: off;
+    # the human-like expert itself may need all but the last 0.7 s of PackCube's 20 s)
     correction_timeout_s: float = 12.0  # give up a correction that has not finished by then
     recover: bool = True  # False (HG-DAgger's operator): correct at once, no recovery manoeuvre
     expert_noise: ExpertNoise = field(default_factory=ExpertNoise)
@@ -46,6 +60,12 @@ class OperatorConfig:
 
 def gripper_command(env, action: np.ndarray, arm: str) -> float:
     return float(action[env.robot.spec.joint_names.index(f"{arm}_gripper")])
+
+
+def placing_dip(env, best: int, stage: int) -> bool:
+    """`stage` is one below `best` while the hand that reached `best` still holds its object (see
+    the module docstring): part of the manipulation, not a sub-task lost."""
+    return stage == best - 1 and any(grasped(env.robot, geom, arm) for arm, geom in env.task.grasp_targets(best))
 
 
 def closed_on_nothing(env, action: np.ndarray, arm: str, geom: str, closed_below: float) -> bool:
@@ -63,6 +83,11 @@ class SimOperator:
         self.env = env.unwrapped if hasattr(env, "unwrapped") else env
         self.cfg = config or OperatorConfig()
         self.rng = rng or np.random.default_rng(0)
+        if self.cfg.patience_s is not None:
+            self.patience_s = (float(self.cfg.patience_s),) * len(self.env.task.stage_names)
+        else:
+            longest = expert_stage_seconds(self.env.task.name, self.cfg.patience_seeds)
+            self.patience_s = tuple(max(self.cfg.min_patience_s, self.cfg.patience_factor * t) for t in longest)
         self.reset()
 
     def reset(self) -> None:
@@ -73,10 +98,12 @@ class SimOperator:
         self._plan_phase: Phase | None = None
         self._phase_start = 0
         self._stage_at_takeover = 0
+        self._done_since: int | None = None
         self._seen = Phase.AUTONOMOUS
 
     def _watch_from(self, stage: int) -> None:
         self._max_stage, self._stage_since = stage, self._step
+        self._lost_steps = 0
         self._closed_empty: dict[str, int] = {}
 
     # ------------------------------------------------------------------ the Operator protocol
@@ -104,7 +131,11 @@ class SimOperator:
         if phase == Phase.CORRECTION and self._plan_phase == Phase.CORRECTION:
             dt = 1.0 / self.env.robot.spec.control_hz
             if stage > self._stage_at_takeover:
-                return OperatorEvent(CORRECTION_DONE, "sub-task done")
+                self._done_since = self._step if self._done_since is None else self._done_since
+                if (self._step - self._done_since) * dt >= self.cfg.done_hold_s:
+                    return OperatorEvent(CORRECTION_DONE, "sub-task done")
+            else:
+                self._done_since = None
             if self._plan.done:
                 return OperatorEvent(CORRECTION_DONE, "plan finished")
             if (self._step - self._phase_start) * dt > self.cfg.correction_timeout_s:
@@ -129,10 +160,12 @@ class SimOperator:
         dt = 1.0 / env.robot.spec.control_hz
         if stage > self._max_stage:
             self._max_stage, self._stage_since = stage, self._step
-        if cfg.regress and stage < self._max_stage:
+        lost = stage < self._max_stage and not placing_dip(env, self._max_stage, stage)
+        self._lost_steps = self._lost_steps + 1 if lost else 0
+        if cfg.regress and self._lost_steps * dt >= cfg.regress_s:
             return f"stage regressed from {env.task.stage_names[self._max_stage]} to {env.task.stage_names[stage]}"
-        if (self._step - self._stage_since) * dt > cfg.patience_s:
-            return f"no progress in {env.task.stage_names[stage]} for {cfg.patience_s:.1f} s"
+        if (self._step - self._stage_since) * dt > self.patience_s[stage]:
+            return f"no progress in {env.task.stage_names[stage]} for {self.patience_s[stage]:.1f} s"
         if policy_action is not None:
             for arm, geom in env.task.grasp_targets(stage):
                 empty = closed_on_nothing(env, policy_action, arm, geom, cfg.closed_below)
@@ -140,7 +173,7 @@ class SimOperator:
                 if self._closed_empty[arm] * dt > cfg.grasp_s:
                     return f"{arm} gripper closed without holding {geom} (misaligned grasp)"
         steps_left = env.max_steps - env._steps
-        if steps_left * dt < cfg.end_margin_s and stage < len(env.task.stage_names) - 1:
+        if cfg.end_margin_s > 0 and steps_left * dt < cfg.end_margin_s and stage < len(env.task.stage_names) - 1:
             return f"{steps_left * dt:.1f} s left and the task is unfinished"
         return None
 
@@ -180,11 +213,38 @@ class SimOperator:
         return ScriptedExpert(robot, segs, self.rng, ExpertNoise.none(), start_command=start)
 
 
+@functools.lru_cache(maxsize=None)
+def expert_stage_seconds(task: str, seeds: int = 10) -> tuple[float, ...]:
+    """The longest time (s) the scripted expert, with the demos' human-like variation, spends in
+    each stage before reaching the next, over `seeds` episodes (seeds no collection uses). The
+    last stage (done) gets the longest of the others. Cached per process."""
+    from robo_rl.sim.envs import BimanualEnv
+
+    env = BimanualEnv(task, obs_mode="state")
+    dt = 1.0 / env.robot.spec.control_hz
+    n = len(env.task.stage_names)
+    longest = [0.0] * n
+    for s in range(seeds):
+        env.reset(seed=950_000 + s)
+        expert = env.expert(ExpertNoise())
+        stage, since = 0, 0
+        for t in range(env.max_steps):
+            _, _, terminated, truncated, info = env.step(expert.act())
+            if info["max_stage"] > stage:
+                longest[stage] = max(longest[stage], (t + 1 - since) * dt)
+                stage, since = int(info["max_stage"]), t + 1
+            if terminated or truncated:
+                break
+    env.close()
+    longest[n - 1] = max(longest[: n - 1], default=0.0)
+    return tuple(longest)
+
+
 class RecoveryCounter:
     """Counts the recovery manoeuvres a policy performs on its own in one episode (for RaC's
     test-time-scaling measure): a sub-task that came undone for at least `lost_s` and was then
     redone (the stage fell below the best reached and climbed back to it; shorter dips are contact
-    flicker as an object settles), and a grasp retried (a needed gripper closed on nothing for
+    flicker as an object settles, and a placing dip is not a loss), and a grasp retried (a needed gripper closed on nothing for
     `grasp_s`, then opened again). Reads privileged state; never acts."""
 
     def __init__(self, env, config: OperatorConfig | None = None, lost_s: float = 0.5):
@@ -204,12 +264,12 @@ class RecoveryCounter:
         env, cfg = self.env, self.cfg
         dt = 1.0 / env.robot.spec.control_hz
         stage = env.task.stage(env.robot)
-        if stage < self._best:
-            self._lost_steps += 1
-        else:
+        if stage >= self._best:
             if self._lost_steps * dt >= self.lost_s:
                 self.count += 1  # redone what came undone
             self._lost_steps, self._best = 0, stage
+        elif not placing_dip(env, self._best, stage):
+            self._lost_steps += 1
         for arm, geom in env.task.grasp_targets(stage):
             if closed_on_nothing(env, action, arm, geom, cfg.closed_below):
                 self._missed[arm] = self._missed.get(arm, 0) + 1

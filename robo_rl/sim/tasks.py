@@ -68,12 +68,22 @@ def free_body_state(robot: SimRobot, joint: str) -> np.ndarray:
     return robot.data.qpos[adr:adr + 7].astype(np.float32)
 
 
+def geom_ids(robot: SimRobot, name: str) -> set[int]:
+    """The geom called `name`, or else every geom of the body called `name`."""
+    m = robot.model
+    try:
+        return {m.geom(name).id}
+    except KeyError:
+        return {int(i) for i in np.flatnonzero(m.geom_bodyid == m.body(name).id)}
+
+
 def touching(robot: SimRobot, geom: str, others: set[int]) -> bool:
-    gid = robot.model.geom(geom).id
+    """A contact between `geom` (a geom, or any geom of a body of that name) and one of `others`."""
+    ids = geom_ids(robot, geom)
     d = robot.data
     for i in range(d.ncon):
         c = d.contact[i]
-        if (c.geom1 == gid and c.geom2 in others) or (c.geom2 == gid and c.geom1 in others):
+        if (c.geom1 in ids and c.geom2 in others) or (c.geom2 in ids and c.geom1 in others):
             return True
     return False
 
@@ -87,7 +97,7 @@ def finger_geoms(robot: SimRobot, arm: str) -> tuple[set[int], set[int]]:
 
 
 def grasped(robot: SimRobot, geom: str, arm: str) -> bool:
-    """Both fingers of `arm` touch `geom`."""
+    """Both fingers of `arm` touch `geom` (a geom, or a body: any of its geoms)."""
     a, b = finger_geoms(robot, arm)
     return touching(robot, geom, a) and touching(robot, geom, b)
 
@@ -247,13 +257,8 @@ class Insertion:
     def state(self, robot: SimRobot) -> np.ndarray:
         return object_state(robot, self.state_bodies, self.state_joints)
 
-    def _socket_geoms(self, robot: SimRobot) -> list[str]:
-        return ["socket_top", "socket_bottom", "socket_side_a", "socket_side_b"]
-
     def _socket_grasped(self, robot: SimRobot) -> bool:
-        a, b = finger_geoms(robot, "left")
-        walls = self._socket_geoms(robot)
-        return any(touching(robot, g, a) for g in walls) and any(touching(robot, g, b) for g in walls)
+        return grasped(robot, "socket", "left")  # each finger on any of the socket's walls
 
     def _peg_in_socket(self, robot: SimRobot) -> bool:
         """The peg's tip lies inside the socket's bore (in the socket's frame)."""
@@ -264,7 +269,7 @@ class Insertion:
         return bool(-self.socket_half_len < local[0] < self.socket_half_len and abs(local[1]) < 0.017 and abs(local[2]) < 0.017)
 
     def grasp_targets(self, stage: int) -> list[tuple[str, str]]:
-        return [("right", "peg"), ("left", "socket_side_a")] if stage <= 2 else []
+        return [("right", "peg"), ("left", "socket")] if stage <= 2 else []
 
     def stage(self, robot: SimRobot) -> int:
         lifted = body_pos(robot, "peg")[2] > 0.05 and body_pos(robot, "socket")[2] > 0.05
