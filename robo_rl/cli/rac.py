@@ -15,6 +15,7 @@ from robo_rl.cli.tables import print_table
 from robo_rl.errors import ConfigError
 
 METHODS = ("rac", "hg_dagger", "demos")
+OPERATORS = ("sim", "keyboard", "gamepad")  # the simulated operator, or a human on a teleop device
 OWN_COMPOSITION = {"rac": "rac", "hg_dagger": "hg_dagger", "demos": "all"}
 LABELS = {"rac": "RaC", "hg_dagger": "HG-DAgger", "demos": "more expert demos", "base": "pre-trained"}
 
@@ -57,8 +58,12 @@ def run(cfg: DictConfig) -> int:
     unknown = [m for m in methods if m not in METHODS]
     if unknown or not methods:
         raise ConfigError(f"rac: methods={methods}; choose from {list(METHODS)}")
-    if cfg.operator != "sim":
-        raise ConfigError(f"rac: operator={cfg.operator!r}; only operator=sim (the simulated operator) is available so far")
+    if cfg.operator not in OPERATORS:
+        raise ConfigError(f"rac: operator={cfg.operator!r}; choose one of {', '.join(OPERATORS)}")
+    human = cfg.operator != "sim"
+    if human and "demos" in methods:
+        raise ConfigError(f"rac: with operator={cfg.operator} the 'more expert demos' baseline would need a human's demos; "
+                          "pass methods=[rac] or methods=[rac,hg_dagger]")
     if int(cfg.rounds) < 1 or int(cfg.episodes_per_round) < 1:
         raise ConfigError(f"rac: rounds and episodes_per_round must be >= 1 (got {cfg.rounds}, {cfg.episodes_per_round})")
     ckpt = read_checkpoint(cfg.checkpoint)
@@ -69,6 +74,7 @@ def run(cfg: DictConfig) -> int:
     n_demos = cfg.n_demos if cfg.n_demos is not None else ckpt.get("n_episodes")
     if not demos or not Path(demos).exists():
         raise ConfigError(f"rac: the pre-training demos {demos!r} are not there; pass demos=PATH")
+    human_session = HumanSession(cfg) if human else None  # before any output: a missing device stops here
     out = Path(cfg.out) if cfg.out else Path("data/rac") / f"{task}-{time.strftime('%Y%m%d-%H%M%S')}"
     if (out / "results.json").exists():
         raise ConfigError(f"rac: {out} already holds results; pass another out=")
@@ -107,9 +113,13 @@ def run(cfg: DictConfig) -> int:
                 st = collect_expert_demos(task, data, seed=300_000 + seed, max_samples=need)
             else:
                 episodes = int(cfg.episodes_per_round) if target is None else 50 * int(cfg.episodes_per_round)
+                human_opts = human_session.collect_options(method, r) if human_session else {}
                 st = collect_interventions(predictor(policy), task, obs_keys, policy.config.n_obs, policy.config.horizon,
-                                           chunk_cfg, data, episodes, seed, mode=method, n_envs=int(cfg.n_envs),
-                                           operator=op_cfg, max_operator_samples=need)
+                                           chunk_cfg, data, episodes, seed, mode=method,
+                                           n_envs=1 if human else int(cfg.n_envs), operator=op_cfg,
+                                           max_operator_samples=need, **human_opts)
+                if human_session:
+                    human_session.close_view()
             total.add(st)
             if method == "rac":
                 budget[r] = total.operator_samples
@@ -130,6 +140,38 @@ def run(cfg: DictConfig) -> int:
     write_plots(results, out)
     print(f"results: {out / 'results.json'}; plots: {out}/*.png")
     return 0
+
+
+class HumanSession:
+    """A human on a keyboard (this terminal) or a gamepad steering the intervention rollouts in
+    the twin: one env, real time, the MuJoCo viewer when there is a display."""
+
+    def __init__(self, cfg: DictConfig):
+        from robo_rl.hardware.teleop import make_teleop
+
+        self.device = make_teleop(cfg.operator, **OmegaConf.to_container(cfg.teleop, resolve=True))
+        self.view = None
+
+    def collect_options(self, method: str, round_: int) -> dict[str, Any]:
+        from robo_rl.hardware.teleop import KeyboardTeleop
+        from robo_rl.sim.teleop import HumanView, TeleopOperator
+
+        keyboard = self.device if isinstance(self.device, KeyboardTeleop) else None
+        print(f"\n{LABELS[method]} round {round_}: the policy drives; take over when it is about to fail.\n"
+              + ("keys: t take over, r recovery done, c correction done, 1/2/b arm, w/s a/d q/e move, g gripper"
+                 if keyboard else "gamepad: A take over, B recovery done, X correction done, Y arm, sticks move, LB/RB grippers"))
+
+        def make_operator(env):
+            self.view = HumanView(env, keyboard)
+            return TeleopOperator(env, self.device)
+
+        return {"make_operator": make_operator, "realtime": True, "on_tick": lambda env, ctl: self.view(env, ctl),
+                "progress": False}
+
+    def close_view(self) -> None:
+        if self.view is not None:
+            self.view.close()
+            self.view = None
 
 
 def print_results(results: dict[str, Any]) -> None:

@@ -23,7 +23,7 @@ import numpy as np
 from robo_rl.data.schema import EpisodeMeta, Segment
 from robo_rl.data.store import EpisodeStore
 from robo_rl.errors import ConfigError
-from robo_rl.rac.intervention import InterventionConfig, InterventionController
+from robo_rl.rac.intervention import InterventionConfig, InterventionController, Operator
 from robo_rl.runtime.chunking import ChunkExecutor, ChunkingConfig
 from robo_rl.sim.envs import BimanualEnv
 from robo_rl.sim.expert import ExpertNoise
@@ -93,11 +93,18 @@ def collect_interventions(
     operator: OperatorConfig | None = None,
     progress: bool = True,
     max_operator_samples: int | None = None,
+    make_operator: Callable[[BimanualEnv], Operator] | None = None,
+    realtime: bool = False,
+    on_tick: Callable[[BimanualEnv, InterventionController], None] | None = None,
 ) -> CollectStats:
     """Run `episodes` intervention rollouts (seeds seed, seed+1, ...) and append them to the store
     at `out` (created with the twin's demo schema if missing). With `max_operator_samples`, no new
     episode starts once that many operator samples are in (a budget, to compare methods at equal
-    operator effort). Returns what was collected."""
+    operator effort). Returns what was collected.
+
+    A human operator: `make_operator(env)` builds each env's Operator (e.g. a TeleopOperator on a
+    keyboard) instead of the simulated one, `realtime` paces the ticks at the robot's control
+    rate, and `on_tick(env, controller)` runs after each tick (a viewer's sync, a status line)."""
     if episodes < 1 or n_envs < 1:
         raise ConfigError(f"interventions: episodes and n_envs must be >= 1 (got {episodes}, {n_envs})")
     if any(k.startswith("obs/images/") for k in obs_keys):
@@ -111,7 +118,10 @@ def collect_interventions(
     op_cfg = operator or OperatorConfig()
     if mode == "hg_dagger":  # HG-DAgger's operator corrects at once: no recovery manoeuvre first
         op_cfg = replace(op_cfg, recover=False)
-    ops = [SimOperator(env, op_cfg, rng=np.random.default_rng(seed + 7919 * i)) for i, env in enumerate(envs)]
+    if make_operator is not None:
+        ops = [make_operator(env) for env in envs]
+    else:
+        ops = [SimOperator(env, op_cfg, rng=np.random.default_rng(seed + 7919 * i)) for i, env in enumerate(envs)]
     ctls = [InterventionController(op, icfg) for op in ops]
     execs = [ChunkExecutor(chunking, horizon) for _ in envs]
     windows: list[list[dict[str, np.ndarray]]] = [[] for _ in envs]
@@ -175,11 +185,15 @@ def collect_interventions(
         return stats.operator_samples + running >= max_operator_samples
 
     t0 = time.perf_counter()
+    next_tick = t0
     for i in range(n_envs):
         start(i)
     try:
         with store:
             while any(active):
+                if realtime:  # a human is watching and steering: run at the robot's rate, not faster
+                    next_tick += 1.0 / fps
+                    time.sleep(max(0.0, next_tick - time.perf_counter()))
                 policy_driven = [i for i in range(n_envs) if active[i] and not ctls[i].in_control]
                 predict_chunks(predict, policy_driven, windows, execs, obs_keys)
                 for i in range(n_envs):
@@ -199,6 +213,8 @@ def collect_interventions(
                     meta[i]["max_stage"] = max(meta[i]["max_stage"], int(info["max_stage"]))
                     obs_now[i] = obs
                     windows[i] = windows[i][1:] + [_env_obs(obs, obs_keys)]
+                    if on_tick is not None:
+                        on_tick(env, ctl)
                     if terminated or truncated or ctl.done:
                         finish(i, bool(info["success"]))
                         if next_episode < episodes and not spent():

@@ -1,0 +1,119 @@
+"""A human operator in the twin: a teleop device (keyboard, gamepad) drives the arms' end
+effectors through inverse kinematics, and its keys or buttons are the RaC events.
+
+`TeleopOperator` is a `robo_rl.rac.Operator`, so the same `InterventionController` that drives
+the simulated operator drives a human: the human presses "take over" when failure looks
+imminent, steers the arms back to a familiar state, presses "recovery done", completes the
+sub-task, and presses "correction done". At the takeover the targets start from where the
+*commanded* joints put the end effectors, so the first command continues the policy's last one.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from robo_rl.hardware.teleop import ARMS, KeyboardTeleop, TeleopDevice, TeleopInput
+from robo_rl.rac.intervention import OperatorEvent, Phase
+from robo_rl.sim.ik import ArmIK
+
+
+class TeleopOperator:
+    """Operator protocol over a TeleopDevice for a BimanualEnv (or its SimRobot)."""
+
+    def __init__(self, env, device: TeleopDevice, max_reach_m: float = 0.6):
+        env = env.unwrapped if hasattr(env, "unwrapped") else env
+        self.robot = getattr(env, "robot", env)
+        self.device = device
+        self.name = f"human_{device.name}"
+        self.max_reach_m = max_reach_m  # targets stay within this of the arm's base: a held key cannot run away
+        self.ik = {arm: ArmIK(self.robot.model, f"{arm}_") for arm in ARMS}
+        names = list(self.robot.spec.joint_names)
+        self._arm_slice = {arm: slice(names.index(f"{arm}_waist"), names.index(f"{arm}_waist") + 6) for arm in ARMS}
+        self._grip_index = {arm: names.index(f"{arm}_gripper") for arm in ARMS}
+        self._base = {arm: self.robot.data.body(f"{arm}_base").xpos.copy() for arm in ARMS}
+        self.reset()
+
+    def reset(self) -> None:
+        self._input = TeleopInput()
+        self._queued: list[str] = []
+        self._targets: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
+        self._command: np.ndarray | None = None
+
+    # ------------------------------------------------------------------ the Operator protocol
+    def signal(self, phase: Phase, policy_action: np.ndarray | None) -> OperatorEvent | None:
+        self._input = self.device.poll()
+        self._queued += self._input.events
+        if phase == Phase.AUTONOMOUS:
+            self._targets = None  # the next takeover starts from wherever the arms are then
+        if self._queued:
+            return OperatorEvent(self._queued.pop(0), f"{self.device.name} operator")
+        return None
+
+    def command(self, phase: Phase, last_command: np.ndarray) -> np.ndarray:
+        if self._targets is None:
+            self._start(last_command)
+        qpos = self.robot.data.qpos.copy()
+        for arm in ARMS:
+            qpos[self.ik[arm].qadr] = self._command[self._arm_slice[arm]]
+        for arm in ARMS:
+            pos, rot = self._targets[arm]
+            move = self._input.delta.get(arm)
+            if move is not None:
+                pos = pos + move
+                base = self._base[arm]
+                if np.linalg.norm(pos - base) > self.max_reach_m:
+                    pos = base + (pos - base) * (self.max_reach_m / np.linalg.norm(pos - base))
+                self._targets[arm] = (pos, rot)
+            if arm in self._input.grip:
+                self._command[self._grip_index[arm]] = self._input.grip[arm]
+            sl = self._arm_slice[arm]
+            q, _ = self.ik[arm].solve(qpos, self._command[sl], pos, rot)
+            self._command[sl] = q
+            qpos[self.ik[arm].qadr] = q
+        self._input = TeleopInput()  # a move is applied once
+        return self._command.astype(np.float32)
+
+    def _start(self, last_command: np.ndarray) -> None:
+        """Targets = the end-effector poses the last command puts the arms at; gripper state synced."""
+        self._command = np.array(last_command, dtype=np.float64)
+        qpos = self.robot.data.qpos.copy()
+        for arm in ARMS:
+            qpos[self.ik[arm].qadr] = self._command[self._arm_slice[arm]]
+        self._targets = {arm: self.ik[arm].site_pose(qpos) for arm in ARMS}
+        if hasattr(self.device, "gripper"):
+            for arm in ARMS:
+                self.device.gripper[arm] = 1.0 if self._command[self._grip_index[arm]] >= 0.5 else 0.0
+
+
+class HumanView:
+    """What a human operator sees while steering: the MuJoCo viewer when a display is available
+    (keys typed into its window reach the keyboard device too), and a status line in the terminal.
+    Pass it as `on_tick` to `collect_interventions`."""
+
+    def __init__(self, env, keyboard: KeyboardTeleop | None = None, status_every: int = 10):
+        env = env.unwrapped if hasattr(env, "unwrapped") else env
+        self.env, self.status_every, self._tick = env, status_every, 0
+        self.viewer = None
+        if os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"):
+            import mujoco.viewer
+
+            def on_key(code: int) -> None:
+                if keyboard is not None and 32 <= code < 127:
+                    keyboard.press(chr(code))
+
+            self.viewer = mujoco.viewer.launch_passive(env.robot.model, env.robot.data, key_callback=on_key)
+
+    def __call__(self, env, controller) -> None:
+        if self.viewer is not None:
+            self.viewer.sync()
+        self._tick += 1
+        if self._tick % self.status_every == 0:
+            stage = env.task.stage_names[env.task.stage(env.robot)]
+            print(f"\r{controller.phase.value:>10} | stage {stage:<14} | {env.robot.time:5.1f} s | "
+                  f"takeovers {len(controller.interventions)}   ", end="", flush=True)
+
+    def close(self) -> None:
+        if self.viewer is not None:
+            self.viewer.close()

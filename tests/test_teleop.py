@@ -1,0 +1,192 @@
+"""Teleop devices for a human operator: keys through a real pseudo-terminal, gamepad events
+through the Linux joystick byte format, and a human-driven RaC intervention in the twin."""
+
+import os
+import struct
+import termios
+import time
+
+import numpy as np
+import pytest
+
+from robo_rl.data.schema import Segment
+from robo_rl.errors import RoboRLError
+from robo_rl.hardware.teleop import JS_AXIS, JS_BUTTON, JS_INIT, KeyboardTeleop, LinuxJoystick, TerminalKeys
+from robo_rl.rac import InterventionController
+from robo_rl.sim.envs import BimanualEnv
+from robo_rl.sim.expert import ExpertNoise, ScriptedExpert
+from robo_rl.sim.teleop import TeleopOperator
+
+
+@pytest.fixture
+def pty_keys():
+    master, slave = os.openpty()
+    before = termios.tcgetattr(slave)
+    keys = TerminalKeys(fd=slave)
+    yield master, keys, slave, before
+    keys.close()
+    os.close(master)
+    os.close(slave)
+
+
+def type_keys(master: int, text: str) -> None:
+    os.write(master, text.encode())
+    time.sleep(0.02)  # let the pty deliver
+
+
+def test_terminal_keys_become_events_moves_and_grips(pty_keys):
+    master, keys, slave, before = pty_keys
+    kb = KeyboardTeleop(step_m=0.005, source=keys)
+    type_keys(master, "t2qqwg")
+    inp = kb.poll()
+    assert inp.events == ["take_over"]
+    np.testing.assert_allclose(inp.delta["right"], [0.005, 0.0, 0.010])
+    assert inp.grip == {"right": 0.0} and "left" not in inp.delta
+    type_keys(master, "bdr")
+    inp = kb.poll()
+    assert inp.events == ["recovery_done"]
+    for arm in ("left", "right"):
+        np.testing.assert_allclose(inp.delta[arm], [0.0, -0.005, 0.0])
+    assert kb.poll().events == [] and kb.poll().delta == {}  # nothing typed: nothing happens
+    keys.close()
+    assert termios.tcgetattr(slave) == before  # the terminal is restored
+
+
+def test_keyboard_refuses_a_non_terminal():
+    r, w = os.pipe()
+    try:
+        with pytest.raises(RoboRLError, match="TTY"):
+            TerminalKeys(fd=r)
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def js(value: int, kind: int, number: int, t_ms: int = 0) -> bytes:
+    return struct.pack("<IhBB", t_ms, value, kind, number)
+
+
+def test_gamepad_reads_linux_joystick_events(tmp_path):
+    fifo = tmp_path / "js0"
+    os.mkfifo(fifo)
+    pad = LinuxJoystick(str(fifo), max_speed=0.1)
+    writer = os.open(fifo, os.O_WRONLY)
+    try:
+        # the driver's initial state burst (flagged INIT) must not fire a button
+        os.write(writer, js(1, JS_BUTTON | JS_INIT, 0) + js(0, JS_AXIS | JS_INIT, 1))
+        assert pad.poll().events == []
+        os.write(writer, js(1, JS_BUTTON, 0) + js(0, JS_BUTTON, 0) + js(-32767, JS_AXIS, 1) + js(1, JS_BUTTON, 4))
+        first = pad.poll()
+        assert first.events == ["take_over"] and first.grip == {"left": 0.0}
+        time.sleep(0.05)
+        moved = pad.poll()  # stick held forward: the right arm moves +x at up to 0.1 m/s
+        assert 0.002 < moved.delta["right"][0] < 0.011 and abs(moved.delta["right"][1]) < 1e-9
+        os.write(writer, js(1, JS_BUTTON, 3) + js(0, JS_AXIS, 1) + js(1, JS_BUTTON, 2))
+        inp = pad.poll()
+        assert pad.selected == "left" and inp.events == ["correction_done"] and inp.delta == {}
+        os.write(writer, js(1, JS_BUTTON, 1)[:5])  # half an event: kept until the rest arrives
+        assert pad.poll().events == []
+        os.write(writer, js(1, JS_BUTTON, 1)[5:])
+        assert pad.poll().events == ["recovery_done"]
+    finally:
+        os.close(writer)
+        pad.close()
+
+
+def test_gamepad_missing_device_is_a_clear_error(tmp_path):
+    with pytest.raises(RoboRLError, match="cannot open"):
+        LinuxJoystick(str(tmp_path / "js9"))
+
+
+def test_a_human_at_the_keyboard_takes_over_recovers_and_corrects_in_the_twin(pty_keys):
+    master, keys, _, _ = pty_keys
+    env = BimanualEnv("transfer_cube")
+    env.reset(seed=0)
+    policy = env.expert(ExpertNoise.none())
+    operator = TeleopOperator(env, KeyboardTeleop(step_m=0.005, source=keys))
+    ctl = InterventionController(operator)
+    script = {30: "c", 60: "t"} | {k: "qq" for k in range(62, 82)} | {90: "r", 100: "c"}  # "c" at 30: a stray key
+    labels, actions, right_z = [], [], []
+    for k in range(200):
+        if k in script:
+            type_keys(master, script[k])
+        act, label = ctl.step(None if ctl.in_control else policy.act(), env.robot.time, env.task.stage(env.robot))
+        labels.append(label)
+        actions.append(act)
+        env.step(act)
+        right_z.append(ScriptedExpert.site_pose(env.robot, "right")[0][2])
+        if ctl.done:
+            break
+    assert ctl.done and len(ctl.interventions) == 1
+    rec = ctl.interventions[0]
+    assert rec.reason == "keyboard operator" and rec.ended == "keyboard operator"
+    assert ctl.ignored_events and ctl.ignored_events[0][1] == "correction_done"  # the stray key, counted not acted on
+    order = [labels[0]] + [b for a, b in zip(labels, labels[1:]) if a != b]
+    assert order == [Segment.POLICY, Segment.RECOVERY, Segment.CORRECTION]
+    first = labels.index(Segment.RECOVERY)
+    assert 58 <= first <= 63
+    # the human raised the right hand: 20 ticks x 2 presses x 5 mm = 0.2 m asked for
+    assert right_z[first + 25] - right_z[first - 1] > 0.1
+    steps = np.abs(np.diff(np.array(actions), axis=0))[:, [i for i in range(14) if i not in (6, 13)]]
+    assert steps[first - 1:first + 2].max() < 0.06  # no jump when control changes hands
+
+
+def test_rac_with_a_human_at_the_keyboard_through_the_cli(tmp_path):
+    """`robo-rl rac operator=keyboard` in a real terminal: the human's keys (typed into a pty once
+    the rollout prompt appears) take over, end recovery and end the correction; the episode is
+    stored with its labels and the human operator's name, then fine-tuning and evaluation run."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from robo_rl.data.store import EpisodeStore
+
+    root = Path(__file__).parents[1]
+    env = {**os.environ, "MUJOCO_GL": "egl", "TQDM_DISABLE": "1", "PYTHONUNBUFFERED": "1"}
+    env.pop("DISPLAY", None)  # no viewer window in a test
+    demos, run, out = tmp_path / "demos", tmp_path / "run", tmp_path / "rac"
+
+    def cli(*args):
+        r = subprocess.run([sys.executable, "-m", "robo_rl.cli.main", *args], capture_output=True, text=True,
+                           timeout=600, env=env, cwd=root)
+        assert r.returncode == 0, r.stdout + r.stderr
+
+    cli("collect", "task=transfer_cube", "episodes=1", "cameras=[]", f"out={demos}")
+    cli("train", "policy=flow", "task=transfer_cube", f"dataset={demos}", f"run_dir={run}", "learner.steps=5",
+        "learner.batch_size=8", "eval.episodes=0", "policy.dit_dim=32", "policy.dit_depth=2")
+    master, slave = os.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "robo_rl.cli.main", "rac", f"checkpoint={run / 'checkpoints' / 'last.pt'}",
+                             "operator=keyboard", "methods=[rac]", "rounds=1", "episodes_per_round=1", "finetune.steps=3",
+                             "finetune.batch_size=8", "eval.episodes=1", "eval.n_envs=1", f"out={out}"],
+                            stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=root)
+    # keys go in as the status line shows each phase: the human reacts to what they see
+    script = [("take over when it is about to fail", b""), ("autonomous |", b"t"), ("recovery |", b"q" * 10 + b"r"),
+              ("correction |", b"c")]
+    seen = ""
+    try:
+        while True:
+            chunk = os.read(proc.stdout.fileno(), 4096).decode(errors="ignore")
+            if not chunk:
+                break
+            seen += chunk
+            while script and script[0][0] in seen:
+                marker, keys = script.pop(0)
+                seen = seen[seen.index(marker) + len(marker):]
+                if keys:
+                    os.write(master, keys)
+        assert proc.wait(timeout=600) == 0 and not script, seen
+    finally:
+        proc.kill()
+        os.close(master)
+        os.close(slave)
+    store = EpisodeStore.open(out / "rac" / "data")
+    assert store.n_episodes == 1
+    meta = store.metas[0]
+    assert meta.operator == "human_keyboard"
+    (rec,) = meta.extra["interventions"]
+    assert rec["reason"] == "keyboard operator" and rec["recovery_steps"] >= 5 and rec["correction_steps"] >= 5
+    seg = store.episode(0)["segment"]
+    runs = [int(seg[0])] + [int(b) for a, b in zip(seg, seg[1:]) if a != b]
+    assert runs == [int(Segment.POLICY), int(Segment.RECOVERY), int(Segment.CORRECTION)]
+    assert json.loads((out / "results.json").read_text())["rows"][0]["method"] == "rac"
