@@ -66,8 +66,11 @@ def test_a_policy_that_stalls_is_taken_over_for_lack_of_progress():
     env, ctl, labels, _, info = run("transfer_cube", stall, config=OperatorConfig(patience_s=1.5))
     assert "no progress" in ctl.interventions[0].reason
     assert ctl.interventions[0].time == pytest.approx(1.5, abs=0.05)  # patience counts from the last stage change (t = 0)
-    assert Segment.RECOVERY in labels and Segment.CORRECTION in labels
-    assert info["stage"] >= 1 and ctl.done
+    assert Segment.CORRECTION in labels and info["stage"] >= 1 and ctl.done
+    # a stall leaves nothing out of place: no recovery manoeuvre, only the held takeover tick
+    assert ctl.interventions[0].recovery_steps <= 1
+    _, ctl, labels, _, info = run("transfer_cube", stall, config=OperatorConfig(patience_s=1.5, recover_on_stall=True))
+    assert ctl.interventions[0].recovery_steps > 20 and info["stage"] >= 1 and ctl.done
 
 
 def test_a_grasp_closing_on_nothing_is_taken_over():

@@ -16,7 +16,12 @@ It watches with privileged state and takes over when failure looks imminent:
 Then it follows the RaC rules:
 1. RECOVERY: back to a familiar, in-distribution state for the sub-task already attempted: open
    grippers that hold nothing useful, lift away, return to the sub-task's pre-grasp pose (the
-   first pose the demos' expert goes to for this stage).
+   first pose the demos' expert goes to for this stage). Only when the scene has gone wrong (a
+   sub-task came undone, a grasp closed on air). After a stall nothing is out of place: the
+   policy holds a pose the demos pass through (most often the cube lowered into the box, the
+   gripper never opening), so the state is already familiar and a recovery would carry the cube
+   back out, one release away from done. There the operator corrects at once
+   (`recover_on_stall=True` recovers anyway).
 2. CORRECTION: complete the current sub-task with the expert, planned from where things are.
 3. END: when the sub-task is done (its stage advanced and held for `done_hold_s`; a contact that
    flickers as an object settles is not done), the episode ends.
@@ -55,6 +60,7 @@ class OperatorConfig:
     # the human-like expert itself may need all but the last 0.7 s of PackCube's 20 s)
     correction_timeout_s: float = 12.0  # give up a correction that has not finished by then
     recover: bool = True  # False (HG-DAgger's operator): correct at once, no recovery manoeuvre
+    recover_on_stall: bool = False  # also recover after a "no progress" takeover (see the module docstring)
     expert_noise: ExpertNoise = field(default_factory=ExpertNoise)
 
 
@@ -98,6 +104,7 @@ class SimOperator:
         self._plan_phase: Phase | None = None
         self._phase_start = 0
         self._stage_at_takeover = 0
+        self._recover_now = self.cfg.recover
         self._done_since: int | None = None
         self._seen = Phase.AUTONOMOUS
 
@@ -119,11 +126,12 @@ class SimOperator:
             reason = self._failure(stage, policy_action)
             if reason is not None:
                 self._stage_at_takeover = stage
+                self._recover_now = self.cfg.recover and (self.cfg.recover_on_stall or not reason.startswith("no progress"))
                 return OperatorEvent(TAKE_OVER, reason)
             return None
         if phase == Phase.RECOVERY:
-            if not self.cfg.recover:
-                return OperatorEvent(RECOVERY_DONE, "no recovery")
+            if not self._recover_now:
+                return OperatorEvent(RECOVERY_DONE, "no recovery" if not self.cfg.recover else "already in a familiar state")
             if self._plan_phase == Phase.RECOVERY and self._plan.done:
                 self._stage_at_takeover = min(self._stage_at_takeover, stage)
                 return OperatorEvent(RECOVERY_DONE)
@@ -145,7 +153,7 @@ class SimOperator:
     def command(self, phase: Phase, last_command: np.ndarray) -> np.ndarray:
         if self._plan_phase != phase:  # plan each phase from where things are when it begins
             stage = self.env.task.stage(self.env.robot)
-            if phase == Phase.RECOVERY and not self.cfg.recover:
+            if phase == Phase.RECOVERY and not self._recover_now:
                 return np.asarray(last_command, dtype=np.float32)  # the takeover tick: hold, then correct
             if phase == Phase.RECOVERY:
                 self._plan = self._recovery_plan(stage, last_command)
