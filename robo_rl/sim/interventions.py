@@ -192,7 +192,7 @@ def collect_interventions(
         with store:
             while any(active):
                 if realtime:  # a human is watching and steering: run at the robot's rate, not faster
-                    next_tick += 1.0 / fps
+                    next_tick = max(next_tick + 1.0 / fps, time.perf_counter())  # after a slow tick: no burst
                     time.sleep(max(0.0, next_tick - time.perf_counter()))
                 policy_driven = [i for i in range(n_envs) if active[i] and not ctls[i].in_control]
                 predict_chunks(predict, policy_driven, windows, execs, obs_keys)

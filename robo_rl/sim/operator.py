@@ -69,9 +69,10 @@ def gripper_command(env, action: np.ndarray, arm: str) -> float:
 
 
 def placing_dip(env, best: int, stage: int) -> bool:
-    """`stage` is one below `best` while the hand that reached `best` still holds its object (see
-    the module docstring): part of the manipulation, not a sub-task lost."""
-    return stage == best - 1 and any(grasped(env.robot, geom, arm) for arm, geom in env.task.grasp_targets(best))
+    """`stage` is one below `best` while the hands that reached `best` still hold their objects
+    (see the module docstring): part of the manipulation, not a sub-task lost."""
+    targets = env.task.grasp_targets(best)
+    return stage == best - 1 and bool(targets) and all(grasped(env.robot, geom, arm) for arm, geom in targets)
 
 
 def closed_on_nothing(env, action: np.ndarray, arm: str, geom: str, closed_below: float) -> bool:
@@ -120,12 +121,12 @@ class SimOperator:
             if phase == Phase.AUTONOMOUS:  # HG-DAgger handed control back: watch afresh from here
                 self._watch_from(stage)
                 self._plan_phase = None  # the next takeover plans anew
-            self._seen, self._phase_start = phase, self._step
+            self._seen, self._phase_start, self._done_since = phase, self._step, None
         self._step += 1
         if phase == Phase.AUTONOMOUS:
             reason = self._failure(stage, policy_action)
             if reason is not None:
-                self._stage_at_takeover = stage
+                self._stage_at_takeover = self._working_stage(stage)
                 self._recover_now = self.cfg.recover and (self.cfg.recover_on_stall or not reason.startswith("no progress"))
                 return OperatorEvent(TAKE_OVER, reason)
             return None
@@ -163,6 +164,10 @@ class SimOperator:
         return self._plan.act()
 
     # ------------------------------------------------------------------ detection
+    def _working_stage(self, stage: int) -> int:
+        """The stage whose sub-task is under way: the best reached during a placing dip."""
+        return self._max_stage if placing_dip(self.env, self._max_stage, stage) else stage
+
     def _failure(self, stage: int, policy_action: np.ndarray | None) -> str | None:
         env, cfg = self.env, self.cfg
         dt = 1.0 / env.robot.spec.control_hz
@@ -172,8 +177,9 @@ class SimOperator:
         self._lost_steps = self._lost_steps + 1 if lost else 0
         if cfg.regress and self._lost_steps * dt >= cfg.regress_s:
             return f"stage regressed from {env.task.stage_names[self._max_stage]} to {env.task.stage_names[stage]}"
-        if (self._step - self._stage_since) * dt > self.patience_s[stage]:
-            return f"no progress in {env.task.stage_names[stage]} for {self.patience_s[stage]:.1f} s"
+        working = self._working_stage(stage)
+        if (self._step - self._stage_since) * dt > self.patience_s[working]:
+            return f"no progress in {env.task.stage_names[working]} for {self.patience_s[working]:.1f} s"
         if policy_action is not None:
             for arm, geom in env.task.grasp_targets(stage):
                 empty = closed_on_nothing(env, policy_action, arm, geom, cfg.closed_below)

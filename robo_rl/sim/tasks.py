@@ -68,13 +68,16 @@ def free_body_state(robot: SimRobot, joint: str) -> np.ndarray:
     return robot.data.qpos[adr:adr + 7].astype(np.float32)
 
 
-def geom_ids(robot: SimRobot, name: str) -> set[int]:
+def geom_ids(robot: SimRobot, name: str) -> frozenset[int]:
     """The geom called `name`, or else every geom of the body called `name`."""
-    m = robot.model
-    try:
-        return {m.geom(name).id}
-    except KeyError:
-        return {int(i) for i in np.flatnonzero(m.geom_bodyid == m.body(name).id)}
+    cache = robot.__dict__.setdefault("_geom_ids", {})  # per robot: the lookup by name is slow when it misses
+    if name not in cache:
+        m = robot.model
+        try:
+            cache[name] = frozenset({m.geom(name).id})
+        except KeyError:
+            cache[name] = frozenset(int(i) for i in np.flatnonzero(m.geom_bodyid == m.body(name).id))
+    return cache[name]
 
 
 def touching(robot: SimRobot, geom: str, others: set[int]) -> bool:
