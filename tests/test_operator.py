@@ -8,7 +8,7 @@ from robo_rl.data.schema import Segment
 from robo_rl.rac import InterventionConfig, InterventionController
 from robo_rl.sim.envs import BimanualEnv
 from robo_rl.sim.expert import ExpertNoise
-from robo_rl.sim.operator import OperatorConfig, SimOperator
+from robo_rl.sim.operator import OperatorConfig, SimOperator, expert_stage_seconds
 
 ARM_JOINTS = [i for i in range(14) if i not in (6, 13)]
 
@@ -172,7 +172,8 @@ def test_no_takeover_while_a_human_like_expert_drives_the_long_horizon_task():
         env.reset(seed=seed)
         expert = env.expert(ExpertNoise())
         op = SimOperator(env, rng=np.random.default_rng(seed))
-        assert all(p >= 2.0 for p in op.patience_s) and len(op.patience_s) == len(env.task.stage_names)
+        longest = expert_stage_seconds("pack_cube", op.cfg.patience_seeds)
+        assert len(op.patience_s) == len(env.task.stage_names) and all(p > t for p, t in zip(op.patience_s, longest))
         ctl = InterventionController(op)
         info = {}
         for _ in range(env.max_steps):

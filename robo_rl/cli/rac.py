@@ -42,14 +42,7 @@ def evaluate(policy: Any, task: str, chunking: dict, cfg: DictConfig, out: Path 
 
 
 def run(cfg: DictConfig) -> int:
-    from robo_rl.cli.eval import predictor
-    from robo_rl.learn import LearnerConfig
-    from robo_rl.policies import load_policy, read_checkpoint
-    from robo_rl.rac.finetune import finetune
-    from robo_rl.rac.mixing import CompositionConfig
-    from robo_rl.runtime.chunking import ChunkingConfig
-    from robo_rl.sim.interventions import CollectStats, collect_expert_demos, collect_interventions
-    from robo_rl.sim.operator import OperatorConfig
+    from robo_rl.policies import read_checkpoint
     from robo_rl.sim.tasks import TASKS
 
     if not cfg.checkpoint:
@@ -74,10 +67,29 @@ def run(cfg: DictConfig) -> int:
     n_demos = cfg.n_demos if cfg.n_demos is not None else ckpt.get("n_episodes")
     if not demos or not Path(demos).exists():
         raise ConfigError(f"rac: the pre-training demos {demos!r} are not there; pass demos=PATH")
-    human_session = HumanSession(cfg) if human else None  # before any output: a missing device stops here
     out = Path(cfg.out) if cfg.out else Path("data/rac") / f"{task}-{time.strftime('%Y%m%d-%H%M%S')}"
     if (out / "results.json").exists():
         raise ConfigError(f"rac: {out} already holds results; pass another out=")
+    human_session = HumanSession(cfg) if human else None  # before any output: a missing device stops here
+    try:
+        return run_rounds(cfg, ckpt, task, demos, n_demos, out, methods, human_session)
+    finally:
+        if human_session is not None:
+            human_session.close()  # the terminal gets its echo back, on errors and Ctrl-C too
+
+
+def run_rounds(cfg: DictConfig, ckpt: dict[str, Any], task: str, demos: str, n_demos: int | None, out: Path,
+               methods: list[str], human_session: "HumanSession | None") -> int:
+    from robo_rl.cli.eval import predictor
+    from robo_rl.learn import LearnerConfig
+    from robo_rl.policies import load_policy
+    from robo_rl.rac.finetune import finetune
+    from robo_rl.rac.mixing import CompositionConfig
+    from robo_rl.runtime.chunking import ChunkingConfig
+    from robo_rl.sim.interventions import CollectStats, collect_expert_demos, collect_interventions
+    from robo_rl.sim.operator import OperatorConfig
+
+    human = human_session is not None
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     chunking = dict(ckpt.get("chunking") or {})
@@ -112,7 +124,8 @@ def run(cfg: DictConfig) -> int:
                     need = int(cfg.episodes_per_round) * 200
                 st = collect_expert_demos(task, data, seed=300_000 + seed, max_samples=need)
             else:
-                episodes = int(cfg.episodes_per_round) if target is None else 50 * int(cfg.episodes_per_round)
+                # a baseline runs until it matches RaC's operator samples; a human gets at most 3x the episodes
+                episodes = int(cfg.episodes_per_round) * (1 if target is None else 3 if human else 50)
                 human_opts = human_session.collect_options(method, r) if human_session else {}
                 st = collect_interventions(predictor(policy), task, obs_keys, policy.config.n_obs, policy.config.horizon,
                                            chunk_cfg, data, episodes, seed, mode=method,
@@ -163,7 +176,7 @@ class HumanSession:
 
         def make_operator(env):
             self.view = HumanView(env, keyboard)
-            return TeleopOperator(env, self.device)
+            return TeleopOperator(env, self.device, recover=method == "rac")
 
         return {"make_operator": make_operator, "realtime": True, "on_tick": lambda env, ctl: self.view(env, ctl),
                 "progress": False}
@@ -172,6 +185,10 @@ class HumanSession:
         if self.view is not None:
             self.view.close()
             self.view = None
+
+    def close(self) -> None:
+        self.close_view()
+        self.device.close()
 
 
 def print_results(results: dict[str, Any]) -> None:

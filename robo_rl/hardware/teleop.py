@@ -25,6 +25,7 @@ import select
 import struct
 import sys
 import termios
+import threading
 import time
 import tty
 from dataclasses import dataclass, field
@@ -83,9 +84,14 @@ class KeyboardTeleop:
         self.selected: tuple[str, ...] = ("right",)
         self.gripper = {arm: 1.0 for arm in ARMS}  # starts open; synced by the consumer at takeover
         self._pending = TeleopInput()
+        self._lock = threading.Lock()  # the viewer's key callback runs on the viewer's thread
 
     def press(self, key: str) -> None:
         """One key press (a character; case does not matter)."""
+        with self._lock:
+            self._press(key)
+
+    def _press(self, key: str) -> None:
         k, km = key.lower(), self.keys
         p = self._pending
         events = {km.take_over: "take_over", km.recovery_done: "recovery_done", km.correction_done: "correction_done"}
@@ -107,7 +113,8 @@ class KeyboardTeleop:
         if self.source is not None:
             for key in self.source.read():
                 self.press(key)
-        out, self._pending = self._pending, TeleopInput()
+        with self._lock:
+            out, self._pending = self._pending, TeleopInput()
         return out
 
     def close(self) -> None:
@@ -127,18 +134,39 @@ class TerminalKeys:
         tty.setcbreak(self.fd)
 
     def read(self) -> str:
+        """The keys typed since the last read, without escape sequences: an arrow key arrives as
+        ESC [ C, and its letter must not count as the key `c`."""
         chars = []
         while select.select([self.fd], [], [], 0)[0]:
             data = os.read(self.fd, 64)
             if not data:
                 break
             chars.append(data.decode(errors="ignore"))
-        return "".join(chars)
+        return strip_escapes("".join(chars))
 
     def close(self) -> None:
         if self._saved is not None:
             termios.tcsetattr(self.fd, termios.TCSADRAIN, self._saved)
             self._saved = None
+
+
+def strip_escapes(text: str) -> str:
+    """`text` without terminal escape sequences (CSI `ESC [ ... final` and SS3 `ESC O x`)."""
+    out, i = [], 0
+    while i < len(text):
+        if text[i] != "\x1b":
+            out.append(text[i])
+            i += 1
+            continue
+        i += 1
+        if i < len(text) and text[i] == "[":
+            i += 1
+            while i < len(text) and not "\x40" <= text[i] <= "\x7e":
+                i += 1
+            i += 1  # the final byte
+        elif i < len(text) and text[i] == "O":
+            i += 2
+    return "".join(out)
 
 
 # Linux joystick API (linux/joystick.h): struct js_event { u32 time_ms; s16 value; u8 type; u8 number; }

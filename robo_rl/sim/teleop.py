@@ -22,12 +22,17 @@ from robo_rl.sim.ik import ArmIK
 class TeleopOperator:
     """Operator protocol over a TeleopDevice for a BimanualEnv (or its SimRobot)."""
 
-    def __init__(self, env, device: TeleopDevice, max_reach_m: float = 0.6):
+    def __init__(self, env, device: TeleopDevice, max_reach_m: float = 0.6, recover: bool = True,
+                 min_height_m: float = 0.005):
         env = env.unwrapped if hasattr(env, "unwrapped") else env
         self.robot = getattr(env, "robot", env)
         self.device = device
         self.name = f"human_{device.name}"
         self.max_reach_m = max_reach_m  # targets stay within this of the arm's base: a held key cannot run away
+        self.min_height_m = min_height_m  # ... and above the table
+        # HG-DAgger's human corrects at once: "recovery done" follows the takeover by itself, so a
+        # baseline run never trains on recovery steps whatever keys are pressed
+        self.recover = recover
         self.ik = {arm: ArmIK(self.robot.model, f"{arm}_") for arm in ARMS}
         names = list(self.robot.spec.joint_names)
         self._arm_slice = {arm: slice(names.index(f"{arm}_waist"), names.index(f"{arm}_waist") + 6) for arm in ARMS}
@@ -36,6 +41,8 @@ class TeleopOperator:
         self.reset()
 
     def reset(self) -> None:
+        """Before each episode; keys pressed since the last one (during training, evaluation) are stale."""
+        self.device.poll()
         self._input = TeleopInput()
         self._queued: list[str] = []
         self._targets: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
@@ -47,6 +54,9 @@ class TeleopOperator:
         self._queued += self._input.events
         if phase == Phase.AUTONOMOUS:
             self._targets = None  # the next takeover starts from wherever the arms are then
+        if phase == Phase.RECOVERY and not self.recover:
+            self._queued = [e for e in self._queued if e != "recovery_done"]
+            return OperatorEvent("recovery_done", "no recovery (HG-DAgger)")
         if self._queued:
             return OperatorEvent(self._queued.pop(0), f"{self.device.name} operator")
         return None
@@ -65,13 +75,15 @@ class TeleopOperator:
                 base = self._base[arm]
                 if np.linalg.norm(pos - base) > self.max_reach_m:
                     pos = base + (pos - base) * (self.max_reach_m / np.linalg.norm(pos - base))
-                self._targets[arm] = (pos, rot)
+                pos[2] = max(pos[2], self.min_height_m)
             if arm in self._input.grip:
                 self._command[self._grip_index[arm]] = self._input.grip[arm]
             sl = self._arm_slice[arm]
-            q, _ = self.ik[arm].solve(qpos, self._command[sl], pos, rot)
+            q, miss = self.ik[arm].solve(qpos, self._command[sl], pos, rot)
             self._command[sl] = q
             qpos[self.ik[arm].qadr] = q
+            # out of reach: the target stays where the arm got to, so backing off acts at once
+            self._targets[arm] = self.ik[arm].site_pose(qpos) if miss > 0.01 else (pos, rot)
         self._input = TeleopInput()  # a move is applied once
         return self._command.astype(np.float32)
 
