@@ -86,6 +86,25 @@ def min_jerk(s: float) -> float:
     return s * s * s * (10 - 15 * s + 6 * s * s)
 
 
+def arm_slice(spec, arm: str) -> slice:
+    """An arm's 6 joints in the 14-D action."""
+    i = spec.joint_names.index(f"{arm}_waist")
+    return slice(i, i + 6)
+
+
+def grip_index(spec, arm: str) -> int:
+    """An arm's gripper in the 14-D action."""
+    return spec.joint_names.index(f"{arm}_gripper")
+
+
+def commanded_qpos(robot, ik: dict, command: np.ndarray) -> np.ndarray:
+    """The scene's qpos with the arms where `command` puts them (not where contact pushed them)."""
+    qpos = robot.data.qpos.copy()
+    for arm, solver in ik.items():
+        qpos[solver.qadr] = command[arm_slice(robot.spec, arm)]
+    return qpos
+
+
 class ScriptedExpert:
     """Plays segments on a SimRobot. Call `act()` once per control tick; `done` when finished."""
 
@@ -102,9 +121,7 @@ class ScriptedExpert:
         self.dt = 1.0 / robot.spec.control_hz
         self.command = np.array(robot.joint_positions() if start_command is None else start_command, dtype=np.float64)
         self._arm_idx = np.setdiff1d(np.arange(robot.spec.action_dim), robot._grip_idx)  # jitter arms, not grippers
-        commanded = robot.data.qpos.copy()
-        for arm in ARMS:
-            commanded[self.ik[arm].qadr] = self.command[self._arm_slice(arm)]
+        commanded = commanded_qpos(robot, self.ik, self.command)
         self._last: dict[str, Pose] = {}
         for arm in ARMS:
             pos, rot = self.ik[arm].site_pose(commanded)
@@ -135,11 +152,10 @@ class ScriptedExpert:
         return Pose(pos + np.asarray(delta, dtype=np.float64), rot, grip)
 
     def _grip_index(self, arm: str) -> int:
-        return self.robot.spec.joint_names.index(f"{arm}_gripper")
+        return grip_index(self.robot.spec, arm)
 
     def _arm_slice(self, arm: str) -> slice:
-        i = self.robot.spec.joint_names.index(f"{arm}_waist")
-        return slice(i, i + 6)
+        return arm_slice(self.robot.spec, arm)
 
     @property
     def done(self) -> bool:

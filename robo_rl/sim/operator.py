@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from robo_rl.rac.intervention import CORRECTION_DONE, RECOVERY_DONE, TAKE_OVER, OperatorEvent, Phase
-from robo_rl.sim.expert import ExpertNoise, Pose, ScriptedExpert, Segment
+from robo_rl.sim.expert import ExpertNoise, Pose, ScriptedExpert, Segment, grip_index
 from robo_rl.sim.tasks import grasped
 
 
@@ -65,7 +65,7 @@ class OperatorConfig:
 
 
 def gripper_command(env, action: np.ndarray, arm: str) -> float:
-    return float(action[env.robot.spec.joint_names.index(f"{arm}_gripper")])
+    return float(action[grip_index(env.robot.spec, arm)])
 
 
 def placing_dip(env, best: int, stage: int) -> bool:

@@ -16,6 +16,7 @@ import numpy as np
 
 from robo_rl.hardware.teleop import ARMS, KeyboardTeleop, TeleopDevice, TeleopInput
 from robo_rl.rac.intervention import OperatorEvent, Phase
+from robo_rl.sim.expert import arm_slice, commanded_qpos, grip_index
 from robo_rl.sim.ik import ArmIK
 
 
@@ -34,9 +35,9 @@ class TeleopOperator:
         # baseline run never trains on recovery steps whatever keys are pressed
         self.recover = recover
         self.ik = {arm: ArmIK(self.robot.model, f"{arm}_") for arm in ARMS}
-        names = list(self.robot.spec.joint_names)
-        self._arm_slice = {arm: slice(names.index(f"{arm}_waist"), names.index(f"{arm}_waist") + 6) for arm in ARMS}
-        self._grip_index = {arm: names.index(f"{arm}_gripper") for arm in ARMS}
+        spec = self.robot.spec
+        self._arm_slice = {arm: arm_slice(spec, arm) for arm in ARMS}
+        self._grip_index = {arm: grip_index(spec, arm) for arm in ARMS}
         self._base = {arm: self.robot.data.body(f"{arm}_base").xpos.copy() for arm in ARMS}
         self.reset()
 
@@ -64,9 +65,7 @@ class TeleopOperator:
     def command(self, phase: Phase, last_command: np.ndarray) -> np.ndarray:
         if self._targets is None:
             self._start(last_command)
-        qpos = self.robot.data.qpos.copy()
-        for arm in ARMS:
-            qpos[self.ik[arm].qadr] = self._command[self._arm_slice[arm]]
+        qpos = commanded_qpos(self.robot, self.ik, self._command)
         for arm in ARMS:
             pos, rot = self._targets[arm]
             move = self._input.delta.get(arm)
@@ -90,9 +89,7 @@ class TeleopOperator:
     def _start(self, last_command: np.ndarray) -> None:
         """Targets = the end-effector poses the last command puts the arms at; gripper state synced."""
         self._command = np.array(last_command, dtype=np.float64)
-        qpos = self.robot.data.qpos.copy()
-        for arm in ARMS:
-            qpos[self.ik[arm].qadr] = self._command[self._arm_slice[arm]]
+        qpos = commanded_qpos(self.robot, self.ik, self._command)
         self._targets = {arm: self.ik[arm].site_pose(qpos) for arm in ARMS}
         if hasattr(self.device, "gripper"):
             for arm in ARMS:
