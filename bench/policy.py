@@ -3,7 +3,7 @@
 (a) latency: CPU, batch 1, one thread, the time to return one chunk (H = 16 actions), p50/p99
     over --reps calls after warm-up, eager (`policy.predict`) and frozen (`FrozenPredictor`, what
     `robo-rl eval` uses on a CPU). Flow at K = 10 Euler steps, diffusion at DDIM 10, each with
-    the DiT (default) and the U-Net backbone at our default sizes, on
+    the DiT (default) and the U-Net backbone at our default sizes (and low-dim, the two smaller DiTs), on
     low-dim observations (qpos 14 + object state 7, To = 2) and with 2 cameras at 96x96 (+ qpos).
     Baseline in the same run: the same diffusion policy at diffusion_policy's published sizes
     (U-Net 256/512/1024, ResNet-18 width 64). Targets: p99 <= 5 ms low-dim, <= 30 ms with images.
@@ -40,6 +40,11 @@ CONFIGS = [  # label, policy, options
     ("flow U-Net K=10", "flow", {"backbone": "unet"}),
     ("diffusion DiT DDIM 10 (default)", "diffusion", {}),
     ("diffusion U-Net DDIM 10", "diffusion", {"backbone": "unet"}),
+    # the two low-latency DiT variants (less accurate, see the README's results table)
+    ("flow DiT, 2 actions per token", "flow", {"dit_patch": 2}),
+    ("diffusion DiT, 2 actions per token", "diffusion", {"dit_patch": 2}),
+    ("flow DiT, half-width MLP", "flow", {"dit_mlp_ratio": 2.0}),
+    ("diffusion DiT, half-width MLP", "diffusion", {"dit_mlp_ratio": 2.0}),
 ]
 
 
@@ -117,7 +122,7 @@ def main() -> None:
                   ["policy", "observations", "params", "eager p50 ms", "eager p99 ms", "frozen p50 ms",
                    "frozen p99 ms", "target p99 (frozen)"])
         for obs_label, shapes, target in (("low-dim", LOWDIM, 5), ("2 cams 96x96", IMAGES, 30)):
-            for label, name, opts in CONFIGS:
+            for label, name, opts in CONFIGS if obs_label == "low-dim" else CONFIGS[:4]:
                 policy = make_policy(name, opts, shapes)
                 p50, p99, n = latency(policy, shapes, reps)
                 f50, f99, _ = latency(policy, shapes, reps, frozen=True)

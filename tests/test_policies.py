@@ -106,7 +106,7 @@ def test_observation_span_floor_keeps_still_dims_from_blowing_up():
 
 
 @pytest.mark.parametrize("name", ["flow", "diffusion"])
-@pytest.mark.parametrize("options", [TINY, TINY_DIT], ids=["unet", "dit"])
+@pytest.mark.parametrize("options", [TINY, TINY_DIT, {**TINY_DIT, "dit_patch": 2}], ids=["unet", "dit", "dit-patch2"])
 def test_frozen_predictor_matches_eager(tmp_path, name, options):
     """The traced, frozen sampler gives the eager policy's chunks for the same noise, at more than
     one batch size."""
@@ -137,6 +137,8 @@ def test_bad_policy_options_are_one_line_errors(tmp_path):
         make_policy("bc", {}, policy.shapes)
     with pytest.raises(ConfigError, match="divisible"):
         make_policy("flow", {"backbone": "unet", "horizon": 10, "down_dims": [8, 16, 32]}, policy.shapes)
+    with pytest.raises(ConfigError, match="dit_patch=3 must be >= 1 and divide policy.horizon=8"):
+        make_policy("flow", {"dit_patch": 3, "horizon": 8}, policy.shapes)
     with pytest.raises(ConfigError, match="expected"):
         policy.predict({"obs/qpos": np.zeros((1, 5, 3), np.float32)})
 

@@ -209,7 +209,11 @@ def test_a_tiny_rac_round_end_to_end(tmp_path):
     assert "HG-DAgger" in r.stdout and "operator samples" in r.stdout
     res = json.loads((out / "results.json").read_text())
     rows = {row["method"]: row for row in res["rows"]}
-    assert set(rows) == {"rac", "hg_dagger", "demos"}
+    assert set(rows) == {"rac", "hg_dagger", "demos", "no_new_data"}
+    # the control: one fine-tune on the pre-training demos alone, no operator effort
+    assert [row["round"] for row in res["rows"] if row["method"] == "no_new_data"] == [1]
+    assert rows["no_new_data"]["operator_samples"] == 0 and rows["no_new_data"]["finetune_steps"] == 5
+    assert not (out / "no_new_data" / "data").exists()
     assert 0.0 <= res["base"]["success_rate"] <= 1.0 and len(res["base"]["success_within"]) == 6
     for name in ("success_vs_samples", "success_vs_time", "test_time_scaling"):
         assert (out / f"{name}.png").stat().st_size > 1000

@@ -14,10 +14,14 @@ from robo_rl.cli.app import run_app
 from robo_rl.cli.tables import print_table
 from robo_rl.errors import ConfigError
 
-METHODS = ("rac", "hg_dagger", "demos")
+# no_new_data is the control: the same fine-tuning on the pre-training demos alone (0 operator
+# samples, one round: every round starts from the checkpoint, so more rounds would repeat it). The
+# other methods' gain over it is what their data bought, not the extra training steps.
+METHODS = ("rac", "hg_dagger", "demos", "no_new_data")
 OPERATORS = ("sim", "keyboard", "gamepad")  # the simulated operator, or a human on a teleop device
-OWN_COMPOSITION = {"rac": "rac", "hg_dagger": "hg_dagger", "demos": "all"}
-LABELS = {"rac": "RaC", "hg_dagger": "HG-DAgger", "demos": "more expert demos", "base": "pre-trained"}
+OWN_COMPOSITION = {"rac": "rac", "hg_dagger": "hg_dagger", "demos": "all", "no_new_data": "all"}
+LABELS = {"rac": "RaC", "hg_dagger": "HG-DAgger", "demos": "more expert demos", "no_new_data": "fine-tune, no new data",
+          "base": "pre-trained"}
 
 
 def main(argv: list[str]) -> int:
@@ -115,11 +119,13 @@ def run_rounds(cfg: DictConfig, ckpt: dict[str, Any], task: str, demos: str, n_d
     for m_index, method in enumerate(methods):
         data = out / method / "data"
         policy, total = base, CollectStats()
-        for r in range(1, int(cfg.rounds) + 1):
+        for r in range(1, (1 if method == "no_new_data" else int(cfg.rounds)) + 1):
             seed = 200_000 + 10_000 * int(cfg.seed) + 1_000 * m_index + 100 * r
             target = budget.get(r) if method != "rac" else None
             need = None if target is None else max(target - total.operator_samples, 0)
-            if method == "demos":
+            if method == "no_new_data":
+                st = CollectStats()
+            elif method == "demos":
                 if need is None:  # no RaC run to match: as many demo steps as RaC episodes would take
                     need = int(cfg.episodes_per_round) * 200
                 st = collect_expert_demos(task, data, seed=300_000 + seed, max_samples=need)
@@ -138,7 +144,7 @@ def run_rounds(cfg: DictConfig, ckpt: dict[str, Any], task: str, demos: str, n_d
                 budget[r] = total.operator_samples
             comp = CompositionConfig(**{**comp_opts, "mode": comp_opts.get("mode") or OWN_COMPOSITION[method]})
             demo_sources = [(demos, n_demos)] + ([(data, None)] if method == "demos" else [])
-            policy, fit = finetune(ckpt, demo_sources, [] if method == "demos" else [data], comp, learner_cfg,
+            policy, fit = finetune(ckpt, demo_sources, [] if method in ("demos", "no_new_data") else [data], comp, learner_cfg,
                                    out / method / f"round{r}", extra={"rac": {"method": method, "round": r}})
             ev = evaluate(policy, task, chunking, cfg, out / method / f"round{r}" / "eval",
                           videos=2 if r == int(cfg.rounds) else 0)
@@ -197,7 +203,8 @@ def print_results(results: dict[str, Any]) -> None:
              f"{b['mean_recoveries']:.2f}"]]
     for r in results["rows"]:
         rows.append([LABELS[r["method"]], str(r["round"]), f"{r['operator_samples']:,}", f"{r['operator_time_s'] / 60:.1f}",
-                     str(r["interventions"]) if r["method"] != "demos" else f"{r['episodes']} demos",
+                     f"{r['episodes']} demos" if r["method"] == "demos" else "-" if r["method"] == "no_new_data"
+                     else str(r["interventions"]),
                      f"{r['success_rate']:.0%} [{r['ci95_low']:.0%}, {r['ci95_high']:.0%}]", f"{r['mean_recoveries']:.2f}"])
     print_table(f"RaC on {results['task']}: success over the eval episodes (95% Wilson)",
                 ["method", "round", "operator samples", "operator min", "interventions", "success", "recoveries/ep"], rows)
@@ -218,6 +225,9 @@ def write_plots(results: dict[str, Any], out: Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(6, 4))
         for m in methods:
             rows = [r for r in results["rows"] if r["method"] == m]
+            if m == "no_new_data":  # no operator effort: a reference level across the plot
+                ax.axhline(rows[-1]["success_rate"], color="grey", linestyle="--", label=LABELS[m])
+                continue
             x = [0.0] + [r[key] * scale for r in rows]
             y = [base["success_rate"]] + [r["success_rate"] for r in rows]
             lo = [base["ci95_low"]] + [r["ci95_low"] for r in rows]

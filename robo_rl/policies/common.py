@@ -91,6 +91,7 @@ class ChunkConfig:
     dit_depth: int = 4
     dit_heads: int = 4
     dit_mlp_ratio: float = 4.0  # DiT feed-forward width / dit_dim; the MLP is most of a block's FLOPs
+    dit_patch: int = 1          # action steps per DiT token: 2 halves every block's arithmetic
     obs_dim: int = 256          # conditioning vector size
     image_feature_dim: int = 64
     image_width: int = 32       # ResNet-18 first-stage channels (64 = the original)
@@ -117,6 +118,8 @@ class ChunkConfig:
             raise ConfigError(f"policy.backbone={self.backbone!r}; choose unet or transformer")
         if not 1 <= self.n_action_steps <= self.horizon:
             raise ConfigError(f"policy.n_action_steps={self.n_action_steps} must be in [1, horizon={self.horizon}]")
+        if self.backbone == "transformer" and (self.dit_patch < 1 or self.horizon % self.dit_patch):
+            raise ConfigError(f"policy.dit_patch={self.dit_patch} must be >= 1 and divide policy.horizon={self.horizon}")
         if self.backbone == "unet" and self.horizon % (2 ** (len(self.down_dims) - 1)):
             raise ConfigError(f"policy.horizon={self.horizon} must be divisible by 2^{len(self.down_dims) - 1} for the U-Net")
 
@@ -165,7 +168,7 @@ class ChunkBody(nn.Module):
             self.net = ConditionalUnet1D(shapes.action_dim, cfg.obs_dim, cfg.down_dims, cfg.kernel)
         else:
             self.net = DiT1D(shapes.action_dim, cfg.obs_dim, cfg.horizon, cfg.dit_dim, cfg.dit_depth, cfg.dit_heads,
-                              cfg.dit_mlp_ratio)
+                              cfg.dit_mlp_ratio, patch=cfg.dit_patch)
 
     @property
     def device(self) -> torch.device:
@@ -196,8 +199,9 @@ class ChunkBody(nn.Module):
         b, k = cond.shape[0], len(times)
         t = torch.tensor(times, dtype=torch.float32, device=cond.device).repeat_interleave(b)
         if hasattr(self.net, "modulations"):
-            mods = self.net.modulations(t, cond.repeat(k, 1))
-            return [partial(self.net.run, modulations=[m[i * b:(i + 1) * b] for m in mods]) for i in range(k)]
+            # One view per (block, step) from one unbind per block, instead of K slices each.
+            per_block = [m.view(k, b, *m.shape[1:]).unbind(0) for m in self.net.modulations(t, cond.repeat(k, 1))]
+            return [partial(self.net.run, modulations=[steps[i] for steps in per_block]) for i in range(k)]
         return [partial(self.net, t=t[i * b:(i + 1) * b], cond=cond) for i in range(k)]
 
     @torch.no_grad()
