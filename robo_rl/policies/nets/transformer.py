@@ -1,7 +1,7 @@
 """DiT-style transformer over an action chunk (Peebles & Xie 2023, adapted to 1-D chunks).
 
-Each token is `patch` consecutive action steps (1 by default: one token per step; 2 halves the
-tokens and so the arithmetic of every block). The conditioning vector (time embedding + observation features)
+Each token is `patch` consecutive action steps (1 by default; 2 halves the tokens and so the
+arithmetic of every block). The conditioning vector (time embedding + observation features)
 modulates every block through adaptive LayerNorm with zero-initialised gates ("adaLN-Zero"), so
 an untrained block starts as the identity and training is stable without warm-up tricks.
 """
@@ -12,7 +12,6 @@ import torch
 from torch import nn
 
 from robo_rl.policies.nets.unet1d import time_mlp
-
 
 
 class DiTBlock(nn.Module):
