@@ -1,0 +1,261 @@
+"""The fixed-rate control loop: a robot commanded every tick, a policy thinking in its own thread.
+
+Three cadences, kept apart:
+- command: the loop ticks at `hz` against absolute deadlines (t0 + k / hz), so a late tick never
+  shifts the ones after it; it sleeps until just before a deadline and spins the rest.
+- inference: a worker thread predicts a chunk from the newest observation window whenever the
+  current chunk has `n_action_steps` or fewer actions left to run. The loop never waits for it.
+- recording: `on_record(obs, executed)` is called at `record_hz` (default: `hz`), on the record
+  clock, so a dataset is written at its declared fps whatever the command rate.
+
+Chunks carry absolute time: action i of a chunk predicted from the observation taken at time t is
+meant for t + i / hz. When a chunk arrives, the actions whose time has passed while the policy
+was thinking are dropped (and counted), and execution starts at the one due now. The first
+`blend_steps` commands after a hand-over move linearly from the old chunk's continuation to the
+new chunk, so the commanded joints do not jump.
+
+At the end, `ControllerReport` has the timing table: tick period p50/p99/max, overruns, inference
+latency, dropped and missing actions, watchdog holds/stops and the safety filter's counts.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from robo_rl.errors import ConfigError
+
+
+@dataclass
+class ControllerConfig:
+    hz: float = 50.0                 # command rate
+    record_hz: float | None = None   # recording rate (None: the command rate)
+    n_obs: int = 2                   # observation frames per policy window
+    n_action_steps: int = 8          # predict again when this many actions or fewer are left
+    blend_steps: int = 4             # hand-over ramp (ticks)
+    spin_s: float = 0.002            # busy-wait this long before each deadline (sleep is coarse)
+
+    def validate(self) -> None:
+        if self.hz <= 0 or (self.record_hz is not None and not 0 < self.record_hz <= self.hz):
+            raise ConfigError(f"controller: hz={self.hz}, record_hz={self.record_hz}; need hz > 0 and 0 < record_hz <= hz")
+        if self.n_obs < 1 or self.n_action_steps < 1 or self.blend_steps < 0:
+            raise ConfigError("controller: n_obs and n_action_steps must be >= 1, blend_steps >= 0")
+
+
+@dataclass
+class TimedChunk:
+    start: float          # the time action 0 is for (the observation's time)
+    actions: np.ndarray   # (H, A)
+
+
+@dataclass
+class ControllerReport:
+    ticks: int = 0
+    period_ms: list[float] = field(default_factory=list)
+    overruns: int = 0                 # ticks that started more than one period late
+    inference_ms: list[float] = field(default_factory=list)
+    chunks: int = 0
+    dropped_actions: int = 0          # actions whose time passed before their chunk arrived
+    missing_actions: int = 0          # ticks with no action due (no chunk yet, or a chunk ran out): held
+    recorded: int = 0
+    watchdog_holds: int = 0
+    watchdog_stops: int = 0
+    stopped_reason: str = ""
+    safety: dict[str, int] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        def pct(x: list[float], q: float) -> float:
+            return float(np.percentile(x, q)) if x else float("nan")
+
+        return {"ticks": self.ticks, "period_p50_ms": pct(self.period_ms, 50), "period_p99_ms": pct(self.period_ms, 99),
+                "period_max_ms": max(self.period_ms, default=float("nan")), "overruns": self.overruns,
+                "inference_p50_ms": pct(self.inference_ms, 50), "inference_p99_ms": pct(self.inference_ms, 99),
+                "chunks": self.chunks, "dropped_actions": self.dropped_actions, "missing_actions": self.missing_actions,
+                "recorded": self.recorded, "watchdog_holds": self.watchdog_holds,
+                "watchdog_stops": self.watchdog_stops, "stopped_reason": self.stopped_reason, **self.safety}
+
+
+class InferenceWorker:
+    """Runs `predict(window) -> (H, A) chunk` on the newest window it is handed, in a thread."""
+
+    def __init__(self, predict: Callable[[Mapping[str, np.ndarray]], np.ndarray]):
+        self.predict = predict
+        self._request: tuple[float, dict[str, np.ndarray]] | None = None
+        self._result: TimedChunk | None = None
+        self._latencies: list[float] = []
+        self._error: BaseException | None = None
+        self._cv = threading.Condition()
+        self._stop = False
+        self._busy = False
+        self._thread = threading.Thread(target=self._run, name="inference", daemon=True)
+        self._thread.start()
+
+    def request(self, obs_time: float, window: dict[str, np.ndarray]) -> bool:
+        """Ask for a chunk from this window unless one is being computed. True if accepted."""
+        with self._cv:
+            if self._busy or self._request is not None:
+                return False
+            self._request = (obs_time, window)
+            self._cv.notify()
+            return True
+
+    def take(self) -> TimedChunk | None:
+        with self._cv:
+            if self._error is not None:
+                raise self._error
+            out, self._result = self._result, None
+            return out
+
+    def latencies(self) -> list[float]:
+        with self._cv:
+            return list(self._latencies)
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while self._request is None and not self._stop:
+                    self._cv.wait()
+                if self._stop:
+                    return
+                (obs_time, window), self._request = self._request, None
+                self._busy = True
+            t = time.perf_counter()
+            try:
+                chunk = np.asarray(self.predict(window), dtype=np.float32)
+                if chunk.ndim == 3:  # a batch of one
+                    chunk = chunk[0]
+            except BaseException as e:  # surfaced to the loop by take()
+                with self._cv:
+                    self._error, self._busy = e, False
+                return
+            with self._cv:
+                self._latencies.append((time.perf_counter() - t) * 1e3)
+                self._result = TimedChunk(obs_time, chunk)
+                self._busy = False
+
+    def close(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+        self._thread.join(timeout=5)
+
+
+def qpos_window(history: list[Any]) -> dict[str, np.ndarray]:
+    """The default policy input from the last To observations: joint positions and camera frames,
+    each (1, To, ...)."""
+    window = {"obs/qpos": np.stack([o.qpos for o in history])[None]}
+    for cam in history[-1].images:
+        window[f"obs/images/{cam}"] = np.stack([o.images[cam] for o in history])[None]
+    return window
+
+
+class Controller:
+    """Runs `robot` at `config.hz` with actions from `predict`, through `safety` (a SafetyFilter)
+    and `watchdog` if given; `estop` (an EStop) ends the run at the next tick."""
+
+    def __init__(self, robot: Any, predict: Callable[[Mapping[str, np.ndarray]], np.ndarray], config: ControllerConfig,
+                 safety: Any = None, watchdog: Any = None, estop: Any = None,
+                 on_record: Callable[[Any, np.ndarray], None] | None = None,
+                 make_window: Callable[[list[Any]], dict[str, np.ndarray]] = qpos_window,
+                 clock: Callable[[], float] = time.monotonic):
+        config.validate()
+        self.robot, self.config, self.safety, self.watchdog, self.estop = robot, config, safety, watchdog, estop
+        self.on_record, self.make_window, self.clock = on_record, make_window, clock
+        self.worker = InferenceWorker(predict)
+
+    def run(self, duration_s: float) -> ControllerReport:
+        cfg, report = self.config, ControllerReport()
+        period = 1.0 / cfg.hz
+        record_period = 1.0 / (cfg.record_hz or cfg.hz)
+        history: deque[Any] = deque(maxlen=cfg.n_obs)
+        current: TimedChunk | None = None
+        blend_from: TimedChunk | None = None
+        blend_left = 0
+        obs = self.robot.observe()
+        command = np.asarray(obs.qpos, dtype=np.float32)
+        if self.safety is not None:
+            self.safety.reset(command)
+        t0 = self.clock()
+        next_record = t0
+        last_start = None
+        try:
+            for k in range(int(round(duration_s * cfg.hz))):
+                deadline = t0 + k * period
+                self._wait_until(deadline)
+                start = self.clock()
+                if last_start is not None:
+                    report.period_ms.append((start - last_start) * 1e3)
+                last_start = start
+                if start - deadline > period:
+                    report.overruns += 1
+                if self.estop is not None and self.estop.tripped:
+                    report.stopped_reason = f"e-stop: {self.estop.reason}"
+                    break
+                obs = self.robot.observe()
+                history.append(obs)
+                if self.watchdog is not None:
+                    # A robot fed by messages says when its newest joint state arrived (`last_update`,
+                    # this clock); one that is read directly is always fresh.
+                    fresh = getattr(self.robot, "last_update", None)
+                    self.watchdog.observation_received(start if fresh is None else fresh)
+
+                # a new chunk: drop what is already past, blend from the old one's continuation
+                chunk = self.worker.take()
+                if chunk is not None:
+                    report.chunks += 1
+                    passed = int(np.floor((deadline - chunk.start) / period + 1e-6))
+                    report.dropped_actions += max(0, min(passed, len(chunk.actions)))
+                    if current is not None and cfg.blend_steps > 0:
+                        blend_from, blend_left = current, cfg.blend_steps
+                    current = chunk
+                index = None if current is None else int(round((deadline - current.start) / period))
+                if len(history) == cfg.n_obs and (current is None or len(current.actions) - index <= cfg.n_action_steps):
+                    self.worker.request(deadline, self.make_window(list(history)))
+
+                if current is not None and 0 <= index < len(current.actions):
+                    action = current.actions[index]
+                    if blend_left > 0:
+                        j = int(round((deadline - blend_from.start) / period))
+                        if 0 <= j < len(blend_from.actions):
+                            w = blend_left / (cfg.blend_steps + 1)
+                            action = w * blend_from.actions[j] + (1 - w) * action
+                        blend_left -= 1
+                    if self.watchdog is not None:
+                        self.watchdog.command_received(start)
+                else:
+                    report.missing_actions += 1
+                    action = command  # hold
+
+                state = self.watchdog.check() if self.watchdog is not None else None
+                if state is not None and state.action == "stop":
+                    report.stopped_reason = state.message
+                    break
+                if state is not None and state.action == "hold":
+                    action = command
+                sent = self.safety.filter(action) if self.safety is not None else np.asarray(action, np.float32)
+                command = np.asarray(self.robot.act(sent), dtype=np.float32)
+                report.ticks += 1
+                if self.on_record is not None and start >= next_record - 1e-6:
+                    self.on_record(obs, command)
+                    report.recorded += 1
+                    next_record += record_period
+        finally:
+            self.worker.close()
+        report.inference_ms = self.worker.latencies()
+        if self.watchdog is not None:
+            report.watchdog_holds, report.watchdog_stops = self.watchdog.holds, self.watchdog.stops
+        if self.safety is not None:
+            report.safety = self.safety.report()
+        return report
+
+    def _wait_until(self, deadline: float) -> None:
+        remaining = deadline - self.clock()
+        if remaining > self.config.spin_s:
+            time.sleep(remaining - self.config.spin_s)
+        while self.clock() < deadline:
+            pass
