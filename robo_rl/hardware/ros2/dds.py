@@ -38,7 +38,8 @@ class DdsTransport:
     name = "dds"
 
     def __init__(self, domain_id: int = 0):
-        self.participant = DomainParticipant(int(domain_id))
+        self.domain_id = int(domain_id)
+        self.participant = DomainParticipant(self.domain_id)
         self._topics: dict[str, Topic] = {}
         self._readers: list[DataReader] = []
         self._lock = threading.Lock()

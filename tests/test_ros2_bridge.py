@@ -1,0 +1,105 @@
+"""Deploying over ROS 2 (DDS) against `robo-rl sim-bridge` in another process: commands move the
+twin, bad actions never reach the wire, and killing the bridge stops the commands in time."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from robo_rl.errors import ConfigError
+from robo_rl.hardware.ros2.dds import DdsTransport
+from robo_rl.hardware.ros2.messages import JointTrajectory
+from robo_rl.hardware.ros2.robot import Ros2Robot
+from robo_rl.hardware.safety import SafetyConfig, SafetyFilter, Watchdog
+from robo_rl.runtime.controller import Controller, ControllerConfig
+
+
+def domain() -> int:
+    return 20 + os.getpid() % 80
+
+
+@pytest.fixture
+def bridge():
+    env = {**os.environ, "MUJOCO_GL": "egl"}
+    proc = subprocess.Popen([sys.executable, "-m", "robo_rl.cli.main", "sim-bridge", f"domain_id={domain()}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    line = proc.stdout.readline()
+    assert "sim-bridge: serving aloha" in line, line + proc.stderr.read()
+    yield proc
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def test_deploy_moves_the_twin_keeps_bad_actions_off_the_wire_and_stops_when_the_bridge_dies(bridge):
+    transport = DdsTransport(domain())
+    robot = Ros2Robot("aloha", transport)
+    # a spy on the wire: every command the bridge could receive
+    wire: list[list[float]] = []
+    lock = threading.Lock()
+
+    def spy(msg: JointTrajectory) -> None:
+        with lock:
+            wire.append(list(msg.points[0].positions))
+
+    transport.subscribe("/left/arm_controller/joint_trajectory", JointTrajectory, spy)
+    robot.connect(timeout_s=20)
+    home = robot.spec.home
+    start = robot.observe().qpos
+    assert np.abs(start - home).max() < 0.05  # the twin starts at home
+
+    n = [0]
+
+    def policy(window):  # sweeps the left waist, and now and then asks for NaN or far past a limit
+        n[0] += 1
+        chunk = np.repeat(home[None], 16, 0)
+        chunk[:, 0] = 0.3
+        if n[0] % 3 == 0:
+            chunk[4, 1] = np.nan
+        if n[0] % 4 == 0:
+            chunk[:, 2] = 9.0
+        return chunk
+
+    cfg = SafetyConfig(observation_timeout_s=0.2)
+    safety, dog = SafetyFilter(robot.spec, cfg), Watchdog(cfg)
+    ctl = Controller(robot, policy, ControllerConfig(hz=50), safety=safety, watchdog=dog)
+    rep = ctl.run(2.0)
+    assert rep.stopped_reason == "" and rep.ticks == 100
+    assert abs(robot.observe().qpos[0] - 0.3) < 0.05  # the twin's left waist followed the policy
+    assert rep.safety["nonfinite"] > 0 and rep.safety["position_limit"] > 0
+    time.sleep(0.2)
+    with lock:
+        sent = np.array(wire)
+    assert len(sent) >= 90 and np.isfinite(sent).all()
+    lower, upper = robot.spec.lower[:6], robot.spec.upper[:6]
+    assert (sent[:, :6] >= lower - 1e-6).all() and (sent[:, :6] <= upper + 1e-6).all()
+
+    # kill the bridge mid-deploy: the loop stops commanding within the watchdog time
+    threading.Timer(0.5, bridge.send_signal, args=(signal.SIGKILL,)).start()
+    t0 = time.monotonic()
+    rep = Controller(robot, policy, ControllerConfig(hz=50), safety=safety, watchdog=Watchdog(cfg)).run(10.0)
+    stopped_after = time.monotonic() - t0
+    assert "no joint state for" in rep.stopped_reason and "not commanding" in rep.stopped_reason, rep.stopped_reason
+    assert stopped_after < 0.5 + 0.2 + 0.3, stopped_after  # kill time + timeout + scheduling slack
+    with lock:
+        before = len(wire)
+    time.sleep(0.3)
+    with lock:
+        assert len(wire) == before, "commands were still published after the watchdog stop"
+    robot.close()
+
+
+def test_no_robot_on_the_domain_is_a_one_line_error():
+    robot = Ros2Robot("aloha", DdsTransport(domain() + 100))
+    with pytest.raises(ConfigError, match="no joint states on /left/joint_states, /right/joint_states within 1 s"):
+        robot.connect(timeout_s=1.0)
