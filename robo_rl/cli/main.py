@@ -17,6 +17,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "train": ("robo_rl.cli.train", "train a flow or diffusion action-chunk policy on an episode store"),
     "eval": ("robo_rl.cli.eval", "evaluate a trained policy in the twin: success with a 95% interval, videos"),
     "rac": ("robo_rl.cli.rac", "RaC rounds: interventions -> fine-tune -> eval, vs HG-DAgger and more demos"),
+    "deploy": ("robo_rl.cli.deploy", "run a policy on the twin or ROS 2 arms: fixed-rate loop, safety, watchdog"),
     "sim-bridge": ("robo_rl.cli.sim_bridge", "serve the MuJoCo twin as a ROS 2 robot (CycloneDDS, no ROS install)"),
 }
 

@@ -91,6 +91,7 @@ class Observation:
     qvel: np.ndarray  # (n,) float32
     images: dict[str, np.ndarray] = field(default_factory=dict)  # camera -> uint8 HWC RGB
     timestamp: float = 0.0  # capture time, seconds
+    extra: dict[str, np.ndarray] = field(default_factory=dict)  # more observation keys by store name (the twin's obs/env_state)
 
 
 @runtime_checkable

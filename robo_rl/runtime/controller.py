@@ -146,11 +146,13 @@ class InferenceWorker:
 
 
 def qpos_window(history: list[Any]) -> dict[str, np.ndarray]:
-    """The default policy input from the last To observations: joint positions and camera frames,
-    each (1, To, ...)."""
+    """The default policy input from the last To observations: joint positions, camera frames and
+    any extra keys, each (1, To, ...)."""
     window = {"obs/qpos": np.stack([o.qpos for o in history])[None]}
     for cam in history[-1].images:
         window[f"obs/images/{cam}"] = np.stack([o.images[cam] for o in history])[None]
+    for key in history[-1].extra:
+        window[key] = np.stack([o.extra[key] for o in history])[None]
     return window
 
 

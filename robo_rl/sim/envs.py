@@ -136,3 +136,33 @@ def register_envs() -> None:
 
 
 register_envs()
+
+
+class TaskTwin:
+    """The twin of a task as a Robot for the real-time Controller (`robo-rl deploy robot=sim`):
+    `observe()` adds the task's object state (`obs/env_state`, which only the twin has) and `act()`
+    keeps track of the furthest stage reached."""
+
+    def __init__(self, env: BimanualEnv):
+        self.env, self.spec = env, env.robot.spec
+        self.max_stage = 0
+
+    def connect(self) -> None:
+        self.env.robot.connect()
+
+    def observe(self):
+        obs = self.env.robot.observe()
+        obs.extra["obs/env_state"] = self.env.task.state(self.env.robot)
+        return obs
+
+    def act(self, action: np.ndarray) -> np.ndarray:
+        executed = self.env.robot.act(action)
+        self.max_stage = max(self.max_stage, self.env.task.stage(self.env.robot))
+        return executed
+
+    @property
+    def success(self) -> bool:
+        return self.max_stage == len(self.env.task.stage_names) - 1
+
+    def close(self) -> None:
+        self.env.close()

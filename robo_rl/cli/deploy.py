@@ -1,0 +1,94 @@
+"""robo-rl deploy: a trained policy on the twin or on ROS 2 arms through the fixed-rate Controller
+(robo_rl/runtime/controller.py) with the safety filter and watchdog of robo_rl/hardware/safety.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig
+
+from robo_rl.cli.app import run_app
+from robo_rl.cli.tables import print_table
+from robo_rl.errors import ConfigError
+
+
+def main(argv: list[str]) -> int:
+    return run_app("deploy", "deploy", run, argv)
+
+
+def make_robot(cfg: DictConfig, policy: Any, task: str | None) -> tuple[Any, str]:
+    """(the robot, the hardware description its safety limits come from)."""
+    shapes = policy.shapes
+    if cfg.robot == "sim":
+        from robo_rl.sim.envs import BimanualEnv, TaskTwin
+        from robo_rl.sim.tasks import TASKS
+
+        if task not in TASKS:
+            raise ConfigError(f"deploy: task={task!r} unknown; tasks are {sorted(TASKS)}")
+        cams = [k.rsplit("/", 1)[-1] for k in shapes.images]
+        size = next(iter(shapes.images.values()), (240, 320))
+        env = BimanualEnv(task, obs_mode="state+pixels" if cams else "state", cameras=cams, image_size=tuple(size))
+        env.reset(seed=int(cfg.seed))
+        return TaskTwin(env), "aloha"
+    from robo_rl.hardware.ros2.robot import Ros2Robot
+
+    unsupported = [k for k in [*shapes.lowdim, *shapes.images] if k != "obs/qpos"]
+    if unsupported:
+        raise ConfigError(f"deploy: the policy needs {unsupported}, which robot={cfg.robot} does not provide over ROS 2 "
+                          "(obs/env_state exists only in the twin); train on obs_keys=[obs/qpos] for real arms")
+    robot = Ros2Robot(str(cfg.robot))
+    if cfg.domain_id is not None:
+        from robo_rl.hardware.ros2.dds import DdsTransport
+
+        robot.transport = DdsTransport(int(cfg.domain_id))
+    return robot, str(cfg.robot)
+
+
+def run(cfg: DictConfig) -> int:
+    from robo_rl.cli.eval import predictor
+    from robo_rl.hardware.safety import EStop, SafetyConfig, SafetyFilter, Watchdog
+    from robo_rl.policies import load_policy, read_checkpoint
+    from robo_rl.runtime.controller import Controller, ControllerConfig, qpos_window
+
+    if not cfg.checkpoint:
+        raise ConfigError("deploy: pass checkpoint=PATH (a policy trained with robo-rl train)")
+    ckpt = read_checkpoint(cfg.checkpoint)
+    policy = load_policy(ckpt)
+    robot, hardware = make_robot(cfg, policy, cfg.task or ckpt.get("task"))
+    robot.connect()
+    safety_cfg = SafetyConfig.from_yaml(hardware)
+    chunking = ckpt.get("chunking") or {}
+    ctl_cfg = ControllerConfig(hz=robot.spec.control_hz, n_obs=policy.config.n_obs,
+                               n_action_steps=int(chunking.get("n_action_steps", policy.config.n_action_steps)),
+                               blend_steps=int(chunking.get("blend_steps", 4)))
+    duration = cfg.duration
+    if duration is None:
+        duration = robot.env.max_steps / robot.spec.control_hz if cfg.robot == "sim" else 30.0
+    predict = predictor(policy, cfg.inference_steps)
+    first = robot.observe()  # warm-up: the first call traces the sampler, which must not happen mid-run
+    predict(qpos_window([first] * ctl_cfg.n_obs))
+    estop = EStop()
+    controller = Controller(robot, predict, ctl_cfg,
+                            safety=SafetyFilter(robot.spec, safety_cfg), watchdog=Watchdog(safety_cfg), estop=estop)
+    print(f"deploy {policy.name} on {cfg.robot} at {ctl_cfg.hz:.0f} Hz for {float(duration):.0f} s (Ctrl-C stops)", flush=True)
+    try:
+        report = controller.run(float(duration))
+    finally:
+        robot.close()
+    s = report.summary()
+    rows = [["ticks", str(s["ticks"])],
+            ["tick period p50 / p99 / max", f"{s['period_p50_ms']:.2f} / {s['period_p99_ms']:.2f} / {s['period_max_ms']:.2f} ms"],
+            ["overruns (a tick > 1 period late)", str(s["overruns"])],
+            ["inference p50 / p99", f"{s['inference_p50_ms']:.1f} / {s['inference_p99_ms']:.1f} ms"],
+            ["chunks; actions dropped late; ticks held", f"{s['chunks']}; {s['dropped_actions']}; {s['missing_actions']}"],
+            ["watchdog holds / stops", f"{s['watchdog_holds']} / {s['watchdog_stops']}"],
+            ["safety: nonfinite, position, gripper, step, velocity",
+             ", ".join(str(s.get(k, 0)) for k in ("nonfinite", "position_limit", "gripper_range", "step_limit",
+                                                  "velocity_limit"))]]
+    if cfg.robot == "sim":
+        rows.append(["task stage reached", f"{robot.env.task.stage_names[robot.max_stage]} (success: {robot.success})"])
+    print_table(f"deploy: {cfg.checkpoint}", ["measure", "value"], rows)
+    if s["stopped_reason"]:
+        print(f"stopped: {s['stopped_reason']}")
+        return 1
+    return 0
