@@ -58,6 +58,18 @@ def test_deploy_over_ros2_against_the_sim_bridge(checkpoints):
         r = _cli("deploy", f"checkpoint={checkpoints['qpos']}", "robot=aloha", f"domain_id={dom}", "duration=1.5")
         assert r.returncode == 0, r.stdout + r.stderr
         assert "deploy flow on aloha at 50 Hz" in r.stdout and "watchdog holds / stops" in r.stdout
+        # the e-stop topic: True on /robo_rl/estop ends a deploy at the next tick
+        deploy = subprocess.Popen([sys.executable, "-m", "robo_rl.cli.main", "deploy", f"checkpoint={checkpoints['qpos']}",
+                                   "robot=aloha", f"domain_id={dom}", "duration=60"], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, env=env)
+        assert "deploy flow on aloha" in deploy.stdout.readline()
+        press = ("import sys, time\nfrom robo_rl.hardware.ros2.dds import DdsTransport\n"
+                 "from robo_rl.hardware.ros2.messages import Bool\n"
+                 "pub = DdsTransport(int(sys.argv[1])).publisher('/robo_rl/estop', Bool)\n"
+                 "for _ in range(20):\n    pub(Bool(True)); time.sleep(0.1)\n")
+        subprocess.run([sys.executable, "-c", press, dom], check=True, timeout=60)
+        out, err = deploy.communicate(timeout=30)
+        assert deploy.returncode == 1 and "stopped: e-stop: /robo_rl/estop (ROS 2)" in out, out + err
     finally:
         bridge.send_signal(signal.SIGINT)
         out, _ = bridge.communicate(timeout=20)

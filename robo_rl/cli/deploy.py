@@ -44,6 +44,31 @@ def make_robot(cfg: DictConfig, policy: Any, task: str | None) -> tuple[Any, str
     return robot, str(cfg.robot)
 
 
+def watch_estop_key(estop: Any) -> Any:
+    """When stdin is a terminal, the space bar trips the e-stop (a thread polls the keys). Returns
+    the event that ends the thread, or None without a terminal."""
+    import sys
+    import threading
+
+    from robo_rl.hardware.teleop import TerminalKeys
+
+    if not sys.stdin.isatty():
+        return None
+    done = threading.Event()
+
+    def poll() -> None:
+        keys = TerminalKeys()
+        try:
+            while not done.wait(0.02):
+                if " " in keys.read():
+                    estop.trip("space bar")
+        finally:
+            keys.close()
+
+    threading.Thread(target=poll, name="estop-key", daemon=True).start()
+    return done
+
+
 def run(cfg: DictConfig) -> int:
     from robo_rl.cli.eval import predictor
     from robo_rl.hardware.safety import EStop, SafetyConfig, SafetyFilter, Watchdog
@@ -68,12 +93,24 @@ def run(cfg: DictConfig) -> int:
     first = robot.observe()  # warm-up: the first call traces the sampler, which must not happen mid-run
     predict(qpos_window([first] * ctl_cfg.n_obs))
     estop = EStop()
+    if cfg.robot != "sim" and cfg.estop_topic:
+        from robo_rl.hardware.ros2.messages import Bool
+
+        def on_estop(msg: Bool) -> None:
+            if msg.data:
+                estop.trip(f"{cfg.estop_topic} (ROS 2)")
+
+        robot.transport.subscribe(str(cfg.estop_topic), Bool, on_estop)
+    keys = watch_estop_key(estop)
     controller = Controller(robot, predict, ctl_cfg,
                             safety=SafetyFilter(robot.spec, safety_cfg), watchdog=Watchdog(safety_cfg), estop=estop)
-    print(f"deploy {policy.name} on {cfg.robot} at {ctl_cfg.hz:.0f} Hz for {float(duration):.0f} s (Ctrl-C stops)", flush=True)
+    print(f"deploy {policy.name} on {cfg.robot} at {ctl_cfg.hz:.0f} Hz for {float(duration):.0f} s "
+          f"(space: e-stop{'' if cfg.robot == 'sim' else f', or True on {cfg.estop_topic}'}; Ctrl-C stops)", flush=True)
     try:
         report = controller.run(float(duration))
     finally:
+        if keys is not None:
+            keys.set()
         robot.close()
     s = report.summary()
     rows = [["ticks", str(s["ticks"])],
