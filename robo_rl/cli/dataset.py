@@ -1,4 +1,4 @@
-"""robo-rl dataset info|validate|repair|merge|filter|delete PATH ... [key=value ...]"""
+"""robo-rl dataset info|validate|repair|merge|filter|delete|import-bag PATH ... [key=value ...]"""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from robo_rl.cli.tables import human_bytes, print_table
 from robo_rl.data.store import EpisodeStore
 from robo_rl.errors import ConfigError
 
-OPS = ("info", "validate", "repair", "merge", "filter", "delete")
+OPS = ("info", "validate", "repair", "merge", "filter", "delete", "import-bag")
 
 
 def main(argv: list[str]) -> int:
@@ -38,7 +38,8 @@ def run(cfg: DictConfig) -> int:
         raise ConfigError(f"dataset {op}: give the store path, e.g. robo-rl dataset {op} data/demos/transfer_cube")
     if op in ("info", "validate", "repair", "filter", "delete") and len(paths) != 1:
         raise ConfigError(f"dataset {op}: takes one store, got {len(paths)}: {paths}")
-    return {"info": info, "validate": validate, "repair": repair, "merge": merge, "filter": filter_, "delete": delete}[op](cfg, paths)
+    return {"info": info, "validate": validate, "repair": repair, "merge": merge, "filter": filter_, "delete": delete,
+            "import-bag": import_bag}[op](cfg, paths)
 
 
 def info(cfg: DictConfig, paths: list[str]) -> int:
@@ -123,4 +124,24 @@ def delete(cfg: DictConfig, paths: list[str]) -> int:
         before = store.n_episodes
         left = store.delete(eps)
     print(f"{paths[0]}: deleted {before - left} episode(s), {left} remain")
+    return 0
+
+
+def import_bag(cfg: DictConfig, paths: list[str]) -> int:
+    """rosbag2 bags -> a new store, with the topics and joints of hardware/<robot>.yaml."""
+    from robo_rl.data.rosbag import ArmMapping, BagImport, import_bags
+    from robo_rl.hardware.robot import RobotSpec
+    from robo_rl.hardware.ros2.robot import Ros2Config
+
+    out = cfg.out or (paths.pop() if len(paths) >= 2 else None)
+    if not out or not paths:
+        raise ConfigError("dataset import-bag: give the bag(s) and where the store goes: import-bag BAG [BAG ...] OUT")
+    spec = RobotSpec.from_yaml(cfg.robot)
+    ros = Ros2Config.from_yaml(cfg.robot, spec)
+    arms = [ArmMapping(a.joint_states, a.command, a.joints, a.indices) for a in ros.arms]
+    grippers = {i: (g.closed, g.open) for i, g in spec.grippers.items()}
+    bag_cfg = BagImport(arms, spec.action_dim, float(cfg.fps), grippers, str(cfg.action_from), cfg.split_topic,
+                        cfg.task or "", spec.name)
+    store = import_bags(paths, out, bag_cfg, overwrite=bool(cfg.overwrite))
+    print(f"{out}: {store.n_episodes} episode(s), {store.n_steps} steps at {cfg.fps:g} fps from {len(paths)} bag(s)")
     return 0

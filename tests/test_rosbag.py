@@ -1,0 +1,116 @@
+"""rosbag2 import: bags written by the `rosbags` library itself (MCAP and sqlite3) become stores
+with the right values at the store's rate."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from rosbags.rosbag2 import StoragePlugin, Writer
+from rosbags.typesys import Stores, get_typestore
+
+from robo_rl.data.store import EpisodeStore
+from robo_rl.hardware.robot import RobotSpec
+
+JOINTS = ["waist", "shoulder", "elbow", "forearm_roll", "wrist_angle", "wrist_rotate", "gripper"]
+T0 = 1_700_000_000.0  # bag time of the first message (s)
+
+
+def joint_value(arm: int, j: int, t: np.ndarray | float) -> np.ndarray | float:
+    """What joint j of arm `arm` reads at t seconds into the bag: linear, so interpolation is exact."""
+    return 0.01 * (j + 1) + (0.1 + 0.05 * arm) * np.asarray(t) * (1 if j != 6 else 0.01)
+
+
+def write_bag(path: Path, plugin: StoragePlugin, seconds: float = 2.0, split_at: float | None = None) -> None:
+    store = get_typestore(Stores.ROS2_HUMBLE)
+    JointState = store.types["sensor_msgs/msg/JointState"]
+    Header = store.types["std_msgs/msg/Header"]
+    Time = store.types["builtin_interfaces/msg/Time"]
+    Duration = store.types["builtin_interfaces/msg/Duration"]
+    Traj = store.types["trajectory_msgs/msg/JointTrajectory"]
+    Point = store.types["trajectory_msgs/msg/JointTrajectoryPoint"]
+    Bool = store.types["std_msgs/msg/Bool"]
+    empty = np.zeros(0)
+    with Writer(path, version=9, storage_plugin=plugin) as w:
+        conns = {arm: (w.add_connection(f"/{arm}/joint_states", JointState.__msgtype__, typestore=store),
+                       w.add_connection(f"/{arm}/arm_controller/joint_trajectory", Traj.__msgtype__, typestore=store))
+                 for arm in ("left", "right")}
+        split = w.add_connection("/episode", Bool.__msgtype__, typestore=store)
+        events = [(k / 100, "state") for k in range(int(seconds * 100) + 1)]
+        events += [(k / 50 + 0.003, "command") for k in range(int(seconds * 50))]
+        if split_at is not None:
+            events.append((split_at, "split"))
+        for t, kind in sorted(events):
+            ns = int(round((T0 + t) * 1e9))
+            header = Header(stamp=Time(sec=int(T0 + t), nanosec=int(round((T0 + t) % 1 * 1e9))), frame_id="")
+            if kind == "split":
+                w.write(split, ns, store.serialize_cdr(Bool(data=True), Bool.__msgtype__))
+                continue
+            for a, arm in enumerate(("left", "right")):
+                if kind == "state":
+                    pos = np.array([joint_value(a, j, t) for j in range(7)])
+                    msg = JointState(header=header, name=list(JOINTS), position=pos, velocity=np.zeros(7), effort=empty)
+                    w.write(conns[arm][0], ns, store.serialize_cdr(msg, JointState.__msgtype__))
+                else:  # the command: where the joints should be 0.1 s later
+                    pos = np.array([joint_value(a, j, t + 0.1) for j in range(7)])
+                    msg = Traj(header=header, joint_names=list(JOINTS),
+                               points=[Point(positions=pos, velocities=empty, accelerations=empty, effort=empty,
+                                             time_from_start=Duration(sec=0, nanosec=20_000_000))])
+                    w.write(conns[arm][1], ns, store.serialize_cdr(msg, Traj.__msgtype__))
+
+
+def _cli(*args):
+    env = {**os.environ, "TQDM_DISABLE": "1"}
+    return subprocess.run([sys.executable, "-m", "robo_rl.cli.main", *args], capture_output=True, text=True, timeout=300,
+                          env=env, cwd=Path(__file__).parents[1])
+
+
+@pytest.mark.parametrize("plugin", [StoragePlugin.MCAP, StoragePlugin.SQLITE3], ids=["mcap", "sqlite3"])
+def test_a_bag_imports_with_the_right_values(tmp_path, plugin):
+    bag, out = tmp_path / "bag", tmp_path / "store"
+    write_bag(bag, plugin)
+    r = _cli("dataset", "import-bag", str(bag), str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    spec = RobotSpec.from_yaml("aloha")
+    store = EpisodeStore.open(out)
+    assert store.n_episodes == 1 and store.schema.fps == 50
+    ep = store.episode(0)
+    t = ep["timestamp"] + 0.003  # steps start at the first command (0.003 s), every 20 ms
+    assert np.allclose(np.diff(ep["timestamp"]), 0.02)
+    for a in range(2):
+        for j in range(7):
+            i = 7 * a + j
+            expect = joint_value(a, j, t)
+            if i in spec.grippers:  # finger metres -> 0..1
+                g = spec.grippers[i]
+                expect = (expect - g.closed) / (g.open - g.closed)
+            np.testing.assert_allclose(ep["obs/qpos"][:, i], expect, atol=1e-5)
+    # the action at each step is the newest command at or before it: sent at 0.003 + 0.02 k, aimed 0.1 s ahead
+    np.testing.assert_allclose(ep["action"][:, 1], joint_value(0, 1, t + 0.1), atol=1e-5)
+    assert store.metas[0].source == "rosbag2:bag"
+
+
+def test_split_topic_next_qpos_and_bad_input(tmp_path):
+    bag = tmp_path / "bag"
+    write_bag(bag, StoragePlugin.MCAP, seconds=3.0, split_at=1.5)
+    r = _cli("dataset", "import-bag", str(bag), str(tmp_path / "split"), "split_topic=/episode", "action_from=next_qpos")
+    assert r.returncode == 0, r.stderr
+    store = EpisodeStore.open(tmp_path / "split")
+    assert store.n_episodes == 2
+    ep = store.episode(0)
+    np.testing.assert_allclose(ep["action"][:-1], ep["obs/qpos"][1:])
+    # bad input: one line, and nothing left behind
+    r = _cli("dataset", "import-bag", str(tmp_path / "nope"), str(tmp_path / "x"))
+    assert r.returncode == 2 and "does not exist" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "metadata.yaml").write_text("not: a bag\n")
+    r = _cli("dataset", "import-bag", str(tmp_path / "junk"), str(tmp_path / "y"))
+    assert r.returncode == 2 and "cannot read as a rosbag2" in r.stderr
+    r = _cli("dataset", "import-bag", str(bag), str(tmp_path / "z"), "split_topic=/nothing")
+    assert r.returncode == 2 and "no topic /nothing" in r.stderr
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists() and not (tmp_path / "z").exists()
+    assert not list(tmp_path.glob("*.importing"))
