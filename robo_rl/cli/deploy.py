@@ -36,11 +36,11 @@ def make_robot(cfg: DictConfig, policy: Any, task: str | None) -> tuple[Any, str
     if unsupported:
         raise ConfigError(f"deploy: the policy needs {unsupported}, which robot={cfg.robot} does not provide over ROS 2 "
                           "(obs/env_state exists only in the twin); train on obs_keys=[obs/qpos] for real arms")
-    robot = Ros2Robot(str(cfg.robot))
-    if cfg.domain_id is not None:
-        from robo_rl.hardware.ros2.dds import DdsTransport
+    from robo_rl.hardware.ros2.rclpy_transport import make_transport
 
-        robot.transport = DdsTransport(int(cfg.domain_id))
+    robot = Ros2Robot(str(cfg.robot))
+    domain = robot.config.domain_id if cfg.domain_id is None else int(cfg.domain_id)
+    robot.transport = make_transport(domain, str(cfg.transport))
     return robot, str(cfg.robot)
 
 

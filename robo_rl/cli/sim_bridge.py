@@ -14,9 +14,10 @@ def main(argv: list[str]) -> int:
 def run(cfg: DictConfig) -> int:
     from robo_rl.sim.bridge import SimBridge
 
-    bridge = SimBridge(str(cfg.robot), str(cfg.scene), cfg.domain_id)
+    bridge = SimBridge(str(cfg.robot), str(cfg.scene), cfg.domain_id, prefer=str(cfg.transport))
     arms = ", ".join(f"{a.joint_states} -> {a.command}" for a in bridge.config.arms)
-    print(f"sim-bridge: serving {cfg.robot} ({cfg.scene}) on ROS domain {bridge.config.domain_id}: {arms}", flush=True)
+    print(f"sim-bridge: serving {cfg.robot} ({cfg.scene}) on ROS domain {bridge.config.domain_id} "
+          f"({bridge.transport.name}): {arms}", flush=True)
     try:
         bridge.run(None if cfg.duration is None else float(cfg.duration))
     finally:

@@ -22,15 +22,15 @@ from robo_rl.sim.robot import SimRobot
 
 class SimBridge:
     def __init__(self, robot: str = "aloha", scene: str = "aloha.xml", domain_id: int | None = None,
-                 transport: Any = None):
+                 transport: Any = None, prefer: str = "auto"):
         self.sim = SimRobot(scene, robot=robot, cameras=[], realtime=True)
         self.config = Ros2Config.from_yaml(robot, self.sim.spec)
         if domain_id is not None:
             self.config = Ros2Config(int(domain_id), self.config.arms)
         if transport is None:
-            from robo_rl.hardware.ros2.dds import DdsTransport
+            from robo_rl.hardware.ros2.rclpy_transport import make_transport
 
-            transport = DdsTransport(self.config.domain_id)
+            transport = make_transport(self.config.domain_id, prefer)
         self.transport = transport
         self._lock = threading.Lock()
         self._command = self.sim.spec.home.astype(np.float64).copy()

@@ -108,9 +108,9 @@ class Ros2Robot:
     # ------------------------------------------------------------------ Robot protocol
     def connect(self, timeout_s: float = 5.0) -> None:
         if self.transport is None:
-            from robo_rl.hardware.ros2.dds import DdsTransport
+            from robo_rl.hardware.ros2.rclpy_transport import make_transport
 
-            self.transport = DdsTransport(self.config.domain_id)
+            self.transport = make_transport(self.config.domain_id)
         for arm in self.config.arms:
             self.transport.subscribe(arm.joint_states, JointState, lambda msg, arm=arm: self._on_state(arm, msg),
                                      qos="sensor")

@@ -1,0 +1,121 @@
+"""The rclpy transport: the same publisher/subscribe calls as DdsTransport, through a ROS 2
+install's own client library (a machine with ROS 2 Humble or Jazzy sourced).
+
+Only the pub/sub calls differ. Messages stay ours (messages.py) on both sides of this class;
+they are copied field by field, by name, into the rclpy class of the same ROS type and back.
+`make_transport()` picks rclpy when it is importable and DDS otherwise.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+import typing
+from dataclasses import fields, is_dataclass
+from typing import Any, Callable
+
+from robo_rl.errors import ConfigError
+
+
+def rclpy_available() -> bool:
+    try:
+        importlib.import_module("rclpy")
+    except ImportError:
+        return False
+    return True
+
+
+def ros_class(msg_type: type) -> Any:
+    """Our message class -> rclpy's class of the same ROS type (pkg::msg::dds_::T_ -> pkg.msg.T)."""
+    pkg, _, _, name = msg_type.__idl_typename__.split("::")
+    return getattr(importlib.import_module(f"{pkg}.msg"), name.rstrip("_"))
+
+
+def _item_type(annotation: Any) -> Any:
+    """The element type of a `sequence[...]` field (Annotated[Sequence[X], ...] -> X)."""
+    seq = typing.get_args(annotation)[0] if typing.get_origin(annotation) is typing.Annotated else annotation
+    args = typing.get_args(seq)
+    return args[0] if args else None
+
+
+def to_ros(msg: Any) -> Any:
+    """Our message -> the rclpy message with the same field values."""
+    out = ros_class(type(msg))()
+    for f in fields(msg):
+        value = getattr(msg, f.name)
+        if is_dataclass(value):
+            value = to_ros(value)
+        elif isinstance(value, list) and value and is_dataclass(value[0]):
+            value = [to_ros(v) for v in value]
+        setattr(out, f.name, value)
+    return out
+
+
+def from_ros(rmsg: Any, cls: type) -> Any:
+    """An rclpy message -> our class with the same field values."""
+    values = {}
+    for f in fields(cls):
+        value = getattr(rmsg, f.name)
+        item = _item_type(f.type)
+        if is_dataclass(f.type):
+            value = from_ros(value, f.type)
+        elif item is not None and is_dataclass(item):
+            value = [from_ros(v, item) for v in value]
+        elif isinstance(value, (bytes, bytearray)) or hasattr(value, "tolist"):
+            value = list(value)
+        values[f.name] = value
+    return cls(**values)
+
+
+class RclpyTransport:
+    """Publishers and subscriptions on one rclpy node, spun in a background thread."""
+
+    name = "rclpy"
+
+    def __init__(self, domain_id: int = 0, node_name: str = "robo_rl"):
+        import rclpy
+        from rclpy.executors import SingleThreadedExecutor
+
+        self.domain_id = int(domain_id)
+        self._context = rclpy.Context()
+        rclpy.init(context=self._context, domain_id=self.domain_id)
+        self.node = rclpy.create_node(node_name, context=self._context)
+        self._executor = SingleThreadedExecutor(context=self._context)
+        self._executor.add_node(self.node)
+        self._thread = threading.Thread(target=self._executor.spin, name="rclpy", daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _qos(qos: str) -> Any:
+        from rclpy.qos import qos_profile_sensor_data, qos_profile_system_default
+
+        profiles = {"default": qos_profile_system_default, "sensor": qos_profile_sensor_data}
+        if qos not in profiles:
+            raise ConfigError(f"QoS profile {qos!r} unknown; choose one of {sorted(profiles)}")
+        return profiles[qos]
+
+    def publisher(self, topic: str, msg_type: type, qos: str = "default") -> Callable[[Any], None]:
+        pub = self.node.create_publisher(ros_class(msg_type), topic, self._qos(qos))
+        return lambda msg: pub.publish(to_ros(msg))
+
+    def subscribe(self, topic: str, msg_type: type, callback: Callable[[Any], None], qos: str = "default") -> None:
+        self.node.create_subscription(ros_class(msg_type), topic, lambda rmsg: callback(from_ros(rmsg, msg_type)),
+                                      self._qos(qos))
+
+    def close(self) -> None:
+        self._executor.shutdown()
+        self.node.destroy_node()
+        self._context.try_shutdown()
+
+
+def make_transport(domain_id: int = 0, prefer: str = "auto") -> Any:
+    """rclpy when it is importable (prefer=auto or rclpy), else CycloneDDS (prefer=auto or dds)."""
+    if prefer not in ("auto", "rclpy", "dds"):
+        raise ConfigError(f"transport={prefer!r}; choose auto, rclpy or dds")
+    if prefer == "rclpy" or (prefer == "auto" and rclpy_available()):
+        if not rclpy_available():
+            raise ConfigError("transport=rclpy, but rclpy is not importable: source your ROS 2 setup.bash first")
+        return RclpyTransport(domain_id)
+    from robo_rl.hardware.ros2.dds import DdsTransport
+
+    return DdsTransport(domain_id)
