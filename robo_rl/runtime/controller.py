@@ -20,6 +20,7 @@ latency, dropped and missing actions, watchdog holds/stops and the safety filter
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections import deque
@@ -182,6 +183,10 @@ class Controller:
         command = np.asarray(obs.qpos, dtype=np.float32)
         if self.safety is not None:
             self.safety.reset(command)
+        # Python hands the GIL between threads every 5 ms by default: a policy thread running
+        # Python code could hold the loop up for that long. A fraction of a period bounds it.
+        switch = sys.getswitchinterval()
+        sys.setswitchinterval(min(switch, period / 20))
         t0 = self.clock()
         next_record = t0
         last_start = None
@@ -247,6 +252,7 @@ class Controller:
                     report.recorded += 1
                     next_record += record_period
         finally:
+            sys.setswitchinterval(switch)
             self.worker.close()
         report.inference_ms = self.worker.latencies()
         if self.watchdog is not None:
