@@ -71,11 +71,13 @@ def read_bag(bag: str | Path, cfg: BagImport) -> list[dict[str, np.ndarray]]:
     try:
         with Reader(path) as reader:
             topics = {c.topic: c for c in reader.connections}
-            wanted = set(states) | set(commands) | ({cfg.split_topic} if cfg.split_topic else set())
-            missing = sorted(t for t in wanted if t not in topics and not (t in commands and cfg.action_from == "next_qpos"))
+            required = set(states) | ({cfg.split_topic} if cfg.split_topic else set())
+            if cfg.action_from == "command":
+                required |= set(commands)
+            missing = sorted(required - set(topics))
             if missing:
                 raise ConfigError(f"{path}: no topic {', '.join(missing)}; the bag has {sorted(topics)}")
-            conns = [topics[t] for t in wanted if t in topics]
+            conns = [topics[t] for t in required | (set(commands) & set(topics))]
             for conn, stamp_ns, raw in reader.messages(connections=conns):
                 t = stamp_ns * 1e-9
                 if conn.topic == cfg.split_topic:

@@ -23,6 +23,22 @@ from robo_rl.errors import ConfigError
 HARDWARE_DIR = Path(__file__).resolve().parents[2] / "hardware"
 
 
+def read_robot_yaml(robot: str | Path) -> tuple[Path, dict]:
+    """(path, contents) of a robot description: a file, or a name under hardware/ (`aloha`)."""
+    path = Path(robot)
+    if not path.is_file() and not path.suffix:
+        path = HARDWARE_DIR / f"{path}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"robot description {path} not found (robots are hardware/<name>.yaml)")
+    try:
+        d = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML ({e})") from None
+    if not isinstance(d, dict):
+        raise ConfigError(f"{path}: a robot description is a mapping of keys, got {type(d).__name__}")
+    return path, d
+
+
 @dataclass(frozen=True)
 class GripperSpec:
     joint: str  # the finger joint it drives
@@ -63,12 +79,7 @@ class RobotSpec:
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> "RobotSpec":
-        path = Path(path)
-        if not path.is_file() and not path.suffix:
-            path = HARDWARE_DIR / f"{path}.yaml"
-        if not path.is_file():
-            raise ConfigError(f"robot description {path} not found (robots are hardware/<name>.yaml)")
-        d = yaml.safe_load(path.read_text())
+        path, d = read_robot_yaml(path)
         try:
             joints = d["joints"]
             names = tuple(j["name"] for j in joints)

@@ -24,10 +24,9 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import numpy as np
-import yaml
 
 from robo_rl.errors import ConfigError
-from robo_rl.hardware.robot import HARDWARE_DIR, RobotSpec
+from robo_rl.hardware.robot import RobotSpec, read_robot_yaml
 
 
 @dataclass(frozen=True)
@@ -58,12 +57,8 @@ class SafetyConfig:
 
     @classmethod
     def from_yaml(cls, robot: str | Path) -> "SafetyConfig":
-        path = Path(robot)
-        if not path.is_file() and not path.suffix:
-            path = HARDWARE_DIR / f"{path}.yaml"
-        if not path.is_file():
-            raise ConfigError(f"robot description {path} not found (robots are hardware/<name>.yaml)")
-        return cls.from_dict((yaml.safe_load(path.read_text()) or {}).get("safety"), f"{path}: safety")
+        path, d = read_robot_yaml(robot)
+        return cls.from_dict(d.get("safety"), f"{path}: safety")
 
 
 REASONS = ("nonfinite", "position_limit", "gripper_range", "step_limit", "velocity_limit")

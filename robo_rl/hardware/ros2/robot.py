@@ -22,10 +22,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
-import yaml
 
 from robo_rl.errors import ConfigError
-from robo_rl.hardware.robot import HARDWARE_DIR, Observation, RobotSpec
+from robo_rl.hardware.robot import Observation, RobotSpec, read_robot_yaml
 from robo_rl.hardware.ros2.messages import (Duration, Float64MultiArray, Header, JointState, JointTrajectory,
                                             JointTrajectoryPoint, Time)
 
@@ -49,10 +48,8 @@ class Ros2Config:
 
     @classmethod
     def from_yaml(cls, robot: str | Path, spec: RobotSpec) -> "Ros2Config":
-        path = Path(robot)
-        if not path.is_file() and not path.suffix:
-            path = HARDWARE_DIR / f"{path}.yaml"
-        d = (yaml.safe_load(path.read_text()) or {}).get("ros2") if path.is_file() else None
+        path, d = read_robot_yaml(robot)
+        d = d.get("ros2")
         if not d:
             raise ConfigError(f"{path}: no `ros2:` section (topics per arm); see hardware/aloha.yaml")
         arms, used = [], []
