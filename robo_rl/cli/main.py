@@ -11,7 +11,7 @@ from robo_rl import __version__
 VERBS: dict[str, tuple[str, str]] = {
     "demo": ("robo_rl.cli.demo", "the main job: the newest end-to-end story (make demo)"),
     "collect": ("robo_rl.cli.collect", "record scripted expert demos of a task in the MuJoCo twin"),
-    "dataset": ("robo_rl.cli.dataset", "inspect, check, repair, merge, filter and delete episode stores"),
+    "dataset": ("robo_rl.cli.dataset", "inspect, check, repair, merge, filter and delete episode stores; import rosbag2 bags"),
     "replay": ("robo_rl.cli.replay", "re-run recorded episodes in the twin and report per-joint divergence"),
     "video": ("robo_rl.cli.video", "write an episode as an H.264 MP4 with its segment labels drawn in"),
     "train": ("robo_rl.cli.train", "train a flow or diffusion action-chunk policy on an episode store"),
