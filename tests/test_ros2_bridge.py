@@ -103,3 +103,18 @@ def test_no_robot_on_the_domain_is_a_one_line_error():
     robot = Ros2Robot("aloha", DdsTransport(domain() + 100))
     with pytest.raises(ConfigError, match="no joint states on /left/joint_states, /right/joint_states within 1 s"):
         robot.connect(timeout_s=1.0)
+
+
+def test_the_bridge_refuses_nan_commands_itself(bridge):
+    """A node that skips our safety filter still cannot put NaN into the twin."""
+    from robo_rl.hardware.ros2.messages import JointTrajectoryPoint
+
+    joints = ["waist", "shoulder", "elbow", "forearm_roll", "wrist_angle", "wrist_rotate", "gripper"]
+    publish = DdsTransport(domain()).publisher("/left/arm_controller/joint_trajectory", JointTrajectory)
+    for _ in range(20):
+        publish(JointTrajectory(joint_names=joints, points=[JointTrajectoryPoint(positions=[float("nan")] * 7)]))
+        time.sleep(0.05)
+    bridge.send_signal(signal.SIGINT)
+    out, err = bridge.communicate(timeout=20)
+    received, refused = (int(x) for x in out.split("sim-bridge: ")[-1].replace(" commands received,", "").split()[:2])
+    assert received >= 10 and refused == received, out + err
