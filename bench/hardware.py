@@ -28,7 +28,7 @@ import torch  # noqa: E402
 from robo_rl.hardware.safety import SafetyConfig, SafetyFilter  # noqa: E402
 from robo_rl.policies import ObsShapes, make_policy  # noqa: E402
 from robo_rl.policies.common import FrozenPredictor  # noqa: E402
-from robo_rl.runtime.controller import Controller, ControllerConfig  # noqa: E402
+from robo_rl.runtime.controller import Controller, ControllerConfig, wait_until  # noqa: E402
 from robo_rl.sim.robot import SimRobot  # noqa: E402
 
 
@@ -36,12 +36,7 @@ def bare_loop(hz: float, seconds: float, spin_s: float) -> np.ndarray:
     """Periods (ms) of a loop that does nothing but wait for its deadlines, as the Controller does."""
     period, t0, starts = 1.0 / hz, time.monotonic(), []
     for k in range(int(seconds * hz)):
-        deadline = t0 + k * period
-        remaining = deadline - time.monotonic()
-        if remaining > spin_s:
-            time.sleep(remaining - spin_s)
-        while time.monotonic() < deadline:
-            pass
+        wait_until(t0 + k * period, spin_s)
         starts.append(time.monotonic())
     return np.diff(starts) * 1e3
 

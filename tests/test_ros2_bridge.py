@@ -13,6 +13,8 @@ import time
 import numpy as np
 import pytest
 
+from inbox import Inbox
+
 from robo_rl.errors import ConfigError
 from robo_rl.hardware.ros2.dds import DdsTransport
 from robo_rl.hardware.ros2.messages import JointTrajectory
@@ -44,15 +46,8 @@ def bridge():
 def test_deploy_moves_the_twin_keeps_bad_actions_off_the_wire_and_stops_when_the_bridge_dies(bridge):
     transport = DdsTransport(domain())
     robot = Ros2Robot("aloha", transport)
-    # a spy on the wire: every command the bridge could receive
-    wire: list[list[float]] = []
-    lock = threading.Lock()
-
-    def spy(msg: JointTrajectory) -> None:
-        with lock:
-            wire.append(list(msg.points[0].positions))
-
-    transport.subscribe("/left/arm_controller/joint_trajectory", JointTrajectory, spy)
+    wire = Inbox()  # a spy on the wire: every command the bridge could receive
+    transport.subscribe("/left/arm_controller/joint_trajectory", JointTrajectory, wire)
     robot.connect(timeout_s=20)
     home = robot.spec.home
     start = robot.observe().qpos
@@ -78,8 +73,7 @@ def test_deploy_moves_the_twin_keeps_bad_actions_off_the_wire_and_stops_when_the
     assert abs(robot.observe().qpos[0] - 0.3) < 0.05  # the twin's left waist followed the policy
     assert rep.safety["nonfinite"] > 0 and rep.safety["position_limit"] > 0
     time.sleep(0.2)
-    with lock:
-        sent = np.array(wire)
+    sent = np.array([list(m.points[0].positions) for m in wire.items()])
     assert len(sent) >= 90 and np.isfinite(sent).all()
     lower, upper = robot.spec.lower[:6], robot.spec.upper[:6]
     assert (sent[:, :6] >= lower - 1e-6).all() and (sent[:, :6] <= upper + 1e-6).all()
@@ -91,11 +85,7 @@ def test_deploy_moves_the_twin_keeps_bad_actions_off_the_wire_and_stops_when_the
     stopped_after = time.monotonic() - t0
     assert "no joint state for" in rep.stopped_reason and "not commanding" in rep.stopped_reason, rep.stopped_reason
     assert stopped_after < 0.5 + 0.2 + 0.3, stopped_after  # kill time + timeout + scheduling slack
-    with lock:
-        before = len(wire)
-    time.sleep(0.3)
-    with lock:
-        assert len(wire) == before, "commands were still published after the watchdog stop"
+    assert wire.stays_quiet(0.0, 0.3), "commands were still published after the watchdog stop"
     robot.close()
 
 

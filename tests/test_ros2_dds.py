@@ -6,10 +6,10 @@ import os
 import signal
 import subprocess
 import sys
-import threading
-import time
 
 import pytest
+
+from inbox import Inbox
 
 from robo_rl.errors import ConfigError
 from robo_rl.hardware.ros2.dds import DdsTransport
@@ -47,25 +47,12 @@ def test_ros2_names_follow_the_wire_conventions():
 
 def test_joint_states_cross_processes_and_stop_when_the_publisher_is_killed():
     transport = DdsTransport(domain())
-    got: list[JointState] = []
-    lock = threading.Lock()
-
-    def keep(msg: JointState) -> None:
-        with lock:
-            got.append(msg)
-
-    transport.subscribe("/follower/joint_states", JointState, keep, qos="sensor")
+    got = Inbox()
+    transport.subscribe("/follower/joint_states", JointState, got, qos="sensor")
     proc = subprocess.Popen([sys.executable, "-c", PUBLISHER, str(domain())], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "ready"
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            with lock:
-                if len(got) >= 20:
-                    break
-            time.sleep(0.02)
-        with lock:
-            msgs = list(got)
+        msgs = got.wait_for(20, timeout_s=20)
         assert len(msgs) >= 20, f"only {len(msgs)} joint states arrived"
         m = msgs[-1]
         assert list(m.name) == ["waist", "shoulder"] and m.position[1] == -0.5 and m.header.frame_id == "base"
@@ -76,12 +63,7 @@ def test_joint_states_cross_processes_and_stop_when_the_publisher_is_killed():
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
-    time.sleep(0.3)
-    with lock:
-        n = len(got)
-    time.sleep(0.5)
-    with lock:
-        assert len(got) == n, "messages kept arriving after the publisher was killed"
+    assert got.stays_quiet(0.3, 0.5), "messages kept arriving after the publisher was killed"
     transport.close()
 
 

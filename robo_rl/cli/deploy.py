@@ -29,7 +29,7 @@ def make_robot(cfg: DictConfig, policy: Any, task: str | None) -> tuple[Any, str
         size = next(iter(shapes.images.values()), (240, 320))
         env = BimanualEnv(task, obs_mode="state+pixels" if cams else "state", cameras=cams, image_size=tuple(size))
         env.reset(seed=int(cfg.seed))
-        return TaskTwin(env), "aloha"
+        return TaskTwin(env), env.robot.spec.name  # the twin keeps the real arms' limits
     from robo_rl.hardware.ros2.robot import Ros2Robot
 
     unsupported = [k for k in [*shapes.lowdim, *shapes.images] if k != "obs/qpos"]
@@ -73,7 +73,7 @@ def run(cfg: DictConfig) -> int:
     from robo_rl.cli.eval import predictor
     from robo_rl.hardware.safety import EStop, SafetyConfig, SafetyFilter, Watchdog
     from robo_rl.policies import load_policy, read_checkpoint
-    from robo_rl.runtime.controller import Controller, ControllerConfig, qpos_window
+    from robo_rl.runtime.controller import Controller, ControllerConfig, observation_window
 
     if not cfg.checkpoint:
         raise ConfigError("deploy: pass checkpoint=PATH (a policy trained with robo-rl train)")
@@ -91,7 +91,7 @@ def run(cfg: DictConfig) -> int:
         duration = robot.env.max_steps / robot.spec.control_hz if cfg.robot == "sim" else 30.0
     predict = predictor(policy, cfg.inference_steps)
     first = robot.observe()  # warm-up: the first call traces the sampler, which must not happen mid-run
-    predict(qpos_window([first] * ctl_cfg.n_obs))
+    predict(observation_window([first] * ctl_cfg.n_obs))
     estop = EStop()
     if cfg.robot != "sim" and cfg.estop_topic:
         from robo_rl.hardware.ros2.messages import Bool

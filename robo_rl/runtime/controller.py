@@ -146,7 +146,16 @@ class InferenceWorker:
         self._thread.join(timeout=5)
 
 
-def qpos_window(history: list[Any]) -> dict[str, np.ndarray]:
+def wait_until(deadline: float, spin_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+    """Sleep to just before `deadline` (sleep wakes late by up to a millisecond or so), then spin."""
+    remaining = deadline - clock()
+    if remaining > spin_s:
+        time.sleep(remaining - spin_s)
+    while clock() < deadline:
+        pass
+
+
+def observation_window(history: list[Any]) -> dict[str, np.ndarray]:
     """The default policy input from the last To observations: joint positions, camera frames and
     any extra keys, each (1, To, ...)."""
     window = {"obs/qpos": np.stack([o.qpos for o in history])[None]}
@@ -164,7 +173,7 @@ class Controller:
     def __init__(self, robot: Any, predict: Callable[[Mapping[str, np.ndarray]], np.ndarray], config: ControllerConfig,
                  safety: Any = None, watchdog: Any = None, estop: Any = None,
                  on_record: Callable[[Any, np.ndarray], None] | None = None,
-                 make_window: Callable[[list[Any]], dict[str, np.ndarray]] = qpos_window,
+                 make_window: Callable[[list[Any]], dict[str, np.ndarray]] = observation_window,
                  clock: Callable[[], float] = time.monotonic):
         config.validate()
         self.robot, self.config, self.safety, self.watchdog, self.estop = robot, config, safety, watchdog, estop
@@ -193,7 +202,7 @@ class Controller:
         try:
             for k in range(int(round(duration_s * cfg.hz))):
                 deadline = t0 + k * period
-                self._wait_until(deadline)
+                wait_until(deadline, cfg.spin_s, self.clock)
                 start = self.clock()
                 if last_start is not None:
                     report.period_ms.append((start - last_start) * 1e3)
@@ -260,10 +269,3 @@ class Controller:
         if self.safety is not None:
             report.safety = self.safety.report()
         return report
-
-    def _wait_until(self, deadline: float) -> None:
-        remaining = deadline - self.clock()
-        if remaining > self.config.spin_s:
-            time.sleep(remaining - self.config.spin_s)
-        while self.clock() < deadline:
-            pass

@@ -24,6 +24,12 @@ def ros_topic(topic: str) -> str:
     return "rt/" + topic.lstrip("/")
 
 
+def _sec_nanosec(t: float) -> tuple[int, int]:
+    """Seconds as ROS's (sec, nanosec) pair, nanosec in [0, 1e9)."""
+    sec = int(t // 1)
+    return sec, int(round((t - sec) * 1e9)) % 1_000_000_000
+
+
 @dataclass
 class Time(IdlStruct, typename="builtin_interfaces::msg::dds_::Time_"):
     sec: int32 = 0
@@ -31,8 +37,7 @@ class Time(IdlStruct, typename="builtin_interfaces::msg::dds_::Time_"):
 
     @classmethod
     def from_seconds(cls, t: float) -> "Time":
-        sec = int(t // 1)
-        return cls(sec, int(round((t - sec) * 1e9)) % 1_000_000_000)
+        return cls(*_sec_nanosec(t))
 
     @classmethod
     def now(cls) -> "Time":
@@ -49,8 +54,7 @@ class Duration(IdlStruct, typename="builtin_interfaces::msg::dds_::Duration_"):
 
     @classmethod
     def from_seconds(cls, t: float) -> "Duration":
-        sec = int(t // 1)
-        return cls(sec, int(round((t - sec) * 1e9)) % 1_000_000_000)
+        return cls(*_sec_nanosec(t))
 
 
 @dataclass
