@@ -1,4 +1,4 @@
-"""Hardware-side benchmark (issue 6), first part: the Controller's tick timing on this machine.
+"""Hardware-side benchmark (issue 6): the Controller's timing, latency over ROS 2, recording.
 
 (a) period jitter at 50, 200 and 500 Hz for 5 s each: the Controller (its own work: observe,
     chunk schedule, safety filter, act, record call) driving the MuJoCo twin without cameras,
@@ -6,14 +6,28 @@
     loop that only sleeps to the same absolute deadlines (what the OS timer gives for free).
     Jitter = |period - nominal|; target p99 < 1 ms at 500 Hz.
 
-    python bench/hardware.py [--seconds 5]
+(b) observation-to-command latency over ROS 2 (CycloneDDS) with `robo-rl sim-bridge` in another
+    process: from the bridge's stamp on a joint state to the Controller (50 Hz) publishing the
+    command computed from it. Baseline in the same run: the DDS delivery alone (stamp to arrival
+    of the same joint states at a bare subscriber in this process).
+
+(c) recording at 50 Hz with 2 cameras (top, left_wrist, 240x320) while deploying: the Controller
+    drives the twin (rendering both cameras each tick) with the policy in its thread and hands
+    every step to the Recorder (its writer process compresses and commits). Baseline in the same
+    run: the same loop without recording.
+
+    python bench/hardware.py [--seconds 5] [--parts abc]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
+import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -44,6 +58,7 @@ def bare_loop(hz: float, seconds: float, spin_s: float) -> np.ndarray:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--parts", default="abc", help="which parts to run: any of a, b, c")
     args = ap.parse_args()
     console = make_console()
     robot = SimRobot(cameras=[])
@@ -54,6 +69,20 @@ def main() -> None:
     policy = make_policy("flow", {}, ObsShapes({"obs/qpos": 14}, {}, 14)).eval()
     predict = FrozenPredictor(policy)
     predict({"obs/qpos": np.repeat(home[None, None], 2, 1)})  # trace before timing
+    if "a" in args.parts:
+        jitter(console, robot, predict, args.seconds)
+    if "b" in args.parts:
+        dds_latency(console, predict, max(args.seconds, 5.0))
+    if "c" in args.parts:
+        record_while_deploying(console, predict, max(args.seconds, 5.0))
+
+
+def pct(x, q) -> str:
+    return f"{np.percentile(x, q):.2f}" if len(x) else "-"
+
+
+def jitter(console, robot, predict, seconds: float) -> None:
+    args = argparse.Namespace(seconds=seconds)
 
     t = table(f"(a) tick period jitter, {args.seconds:.0f} s per rate (|period - nominal|, ms)",
               ["loop", "rate", "p50", "p99", "max", "overruns", "target p99"])
@@ -69,6 +98,103 @@ def main() -> None:
         base = np.abs(bare_loop(hz, args.seconds, cfg.spin_s) - 1e3 / hz)
         t.add_row("baseline: bare deadline loop", f"{hz} Hz", f"{np.percentile(base, 50):.3f}",
                   f"{np.percentile(base, 99):.3f}", f"{base.max():.3f}", "", "")
+    console.print(t)
+
+
+def dds_latency(console, predict, seconds: float) -> None:
+    from robo_rl.hardware.ros2.dds import DdsTransport
+    from robo_rl.hardware.ros2.messages import JointState
+    from robo_rl.hardware.ros2.robot import Ros2Robot
+    from robo_rl.hardware.safety import SafetyConfig, SafetyFilter, Watchdog
+
+    domain = 200 + os.getpid() % 30
+    bridge = subprocess.Popen([sys.executable, "-m", "robo_rl.cli.main", "sim-bridge", f"domain_id={domain}"],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                              env={**os.environ, "TQDM_DISABLE": "1"})
+    try:
+        if "serving" not in bridge.stdout.readline():
+            raise SystemExit("bench (b): the sim-bridge did not start")
+        transport = DdsTransport(domain)
+        delivery: list[float] = []
+        lock = threading.Lock()
+
+        def bare(msg: JointState) -> None:  # the baseline: DDS alone, stamp to arrival
+            with lock:
+                delivery.append((time.time() - msg.header.stamp.seconds()) * 1e3)
+
+        transport.subscribe("/right/joint_states", JointState, bare, qos="sensor")
+        robot = Ros2Robot("aloha", transport, cameras=[])
+        robot.connect(timeout_s=20)
+        to_command: list[float] = []
+        from_arrival: list[float] = []
+
+        def on_record(obs, command) -> None:  # called right after the command is published
+            to_command.append((time.time() - obs.timestamp) * 1e3)
+            from_arrival.append((time.monotonic() - robot.last_update) * 1e3)
+
+        cfg = SafetyConfig.from_yaml("aloha")
+        rep = Controller(robot, predict, ControllerConfig(hz=50), safety=SafetyFilter(robot.spec, cfg),
+                         watchdog=Watchdog(cfg), on_record=on_record).run(seconds)
+        robot.close()
+    finally:
+        bridge.send_signal(signal.SIGINT)
+        bridge.wait(20)
+    t = table(f"(b) observation-to-command latency over ROS 2 (CycloneDDS), sim-bridge in another process, "
+              f"{seconds:.0f} s at 50 Hz (ms)", ["path", "p50", "p99", "max", "samples"])
+    t.add_row("joint state stamped by the bridge -> command on the wire (Controller)", pct(to_command, 50),
+              pct(to_command, 99), f"{max(to_command):.2f}", str(len(to_command)))
+    t.add_row("  of which: arrival in this process -> command on the wire", pct(from_arrival, 50),
+              pct(from_arrival, 99), f"{max(from_arrival):.2f}", str(len(from_arrival)))
+    t.add_row("baseline: DDS delivery alone (stamp -> arrival)", pct(delivery, 50), pct(delivery, 99),
+              f"{max(delivery):.2f}", str(len(delivery)))
+    t.add_row("tick period of that run", pct(rep.period_ms, 50), pct(rep.period_ms, 99), f"{max(rep.period_ms):.2f}",
+              f"{rep.overruns} overruns")
+    console.print(t)
+    console.print("The Controller acts on the newest joint state at its next tick, so up to one period (20 ms) of the "
+                  "latency is the wait for that tick; a faster command rate shortens it.")
+
+
+def record_while_deploying(console, predict, seconds: float) -> None:
+    from robo_rl.data.recorder import Recorder
+    from robo_rl.data.schema import EpisodeMeta, Schema
+
+    cams, size = ["top", "left_wrist"], (240, 320)
+    robot = SimRobot(cameras=cams, image_size=size)
+    robot.connect()
+    keys = {"obs/qpos": ((14,), "float32"), "obs/qvel": ((14,), "float32"), "action": ((14,), "float32")}
+    keys.update({f"obs/images/{c}": ((*size, 3), "uint8") for c in cams})
+    schema = Schema.build(keys, fps=50, robot="aloha")
+    t = table(f"(c) recording at 50 Hz with 2 cameras ({size[0]}x{size[1]}) while deploying, {seconds:.0f} s "
+              "(tick period, ms)", ["loop", "p50", "p99", "max", "overruns", "steps recorded / expected",
+                                   "add_step p99 ms", "ring stalls"])
+    with tempfile.TemporaryDirectory() as tmp:
+        for record in (True, False):
+            robot.reset()
+            rec = Recorder(f"{tmp}/store", schema) if record else None
+            if rec is not None:
+                rec.start_episode(EpisodeMeta(task="bench"))
+            t0 = time.monotonic()
+
+            def on_record(obs, command) -> None:
+                if rec is not None:
+                    step = {"obs/qpos": obs.qpos, "obs/qvel": obs.qvel, "action": command}
+                    step.update({f"obs/images/{c}": obs.images[c] for c in cams})
+                    rec.add_step(step, time.monotonic() - t0)
+
+            rep = Controller(robot, predict, ControllerConfig(hz=50), on_record=on_record).run(seconds)
+            expected = int(round(seconds * 50))
+            if rec is not None:
+                rec.end_episode(success=None)
+                rec.flush(timeout=120)
+                st = rec.stats()
+                rec.close()
+                t.add_row("Controller + twin rendering 2 cameras + policy thread + Recorder", pct(rep.period_ms, 50),
+                          pct(rep.period_ms, 99), f"{max(rep.period_ms):.2f}", str(rep.overruns),
+                          f"{rep.recorded} / {expected}", f"{st.blocked_p99_ms:.3f}", str(st.stalls))
+            else:
+                t.add_row("baseline: the same loop, no recording", pct(rep.period_ms, 50), pct(rep.period_ms, 99),
+                          f"{max(rep.period_ms):.2f}", str(rep.overruns), "-", "-", "-")
+    robot.close()
     console.print(t)
 
 

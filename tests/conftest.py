@@ -27,3 +27,31 @@ def filled_store(tmp_path, schema):
         store.add_episode(data, ts, seg, meta)
     yield store
     store.close()
+
+
+def robo_rl_cli(*args: str, timeout: float = 300):
+    """`robo-rl ARGS` in a subprocess from the checkout, output captured."""
+    import subprocess
+
+    env = {**os.environ, "MUJOCO_GL": "egl", "TQDM_DISABLE": "1"}
+    return subprocess.run([sys.executable, "-m", "robo_rl.cli.main", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=TESTS.parent, stdin=subprocess.DEVNULL)
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory):
+    """Two tiny flow policies trained for a few steps on TransferCube demos: `state` on qpos +
+    object state, `qpos` on qpos alone (what real arms can give)."""
+    tmp = tmp_path_factory.mktemp("tiny_policies")
+    demos = tmp / "demos"
+    r = robo_rl_cli("collect", "task=transfer_cube", "episodes=2", "cameras=[]", f"out={demos}")
+    assert r.returncode == 0, r.stderr
+    out = {}
+    for name, keys in (("state", "[obs/qpos,obs/env_state]"), ("qpos", "[obs/qpos]")):
+        run = tmp / name
+        r = robo_rl_cli("train", "policy=flow", "task=transfer_cube", f"dataset={demos}", f"run_dir={run}",
+                        "learner.steps=5", "learner.batch_size=8", "eval.episodes=0", "policy.dit_dim=32",
+                        "policy.dit_depth=2", f"obs_keys={keys}")
+        assert r.returncode == 0, r.stderr
+        out[name] = run / "checkpoints" / "last.pt"
+    return out

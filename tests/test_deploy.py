@@ -7,32 +7,8 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
-import pytest
-
-
-def _cli(*args, timeout=300):
-    env = {**os.environ, "MUJOCO_GL": "egl", "TQDM_DISABLE": "1"}
-    return subprocess.run([sys.executable, "-m", "robo_rl.cli.main", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=Path(__file__).parents[1])
-
-
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    """Two tiny flow policies trained for a few steps: one on qpos + object state, one on qpos alone."""
-    tmp = tmp_path_factory.mktemp("deploy")
-    demos = tmp / "demos"
-    r = _cli("collect", "task=transfer_cube", "episodes=2", "cameras=[]", f"out={demos}")
-    assert r.returncode == 0, r.stderr
-    out = {}
-    for name, keys in (("state", "[obs/qpos,obs/env_state]"), ("qpos", "[obs/qpos]")):
-        run = tmp / name
-        r = _cli("train", "policy=flow", "task=transfer_cube", f"dataset={demos}", f"run_dir={run}", "learner.steps=5",
-                 "learner.batch_size=8", "eval.episodes=0", "policy.dit_dim=32", "policy.dit_depth=2", f"obs_keys={keys}")
-        assert r.returncode == 0, r.stderr
-        out[name] = run / "checkpoints" / "last.pt"
-    return out
+from conftest import robo_rl_cli as _cli
 
 
 def test_deploy_on_the_twin_prints_the_timing_table(checkpoints):

@@ -1,5 +1,5 @@
 """rosbag2 import: bags written by the `rosbags` library itself (MCAP and sqlite3) become stores
-with the right values at the store's rate."""
+with the right values and camera frames at the store's rate."""
 
 from __future__ import annotations
 
@@ -18,6 +18,17 @@ from robo_rl.hardware.robot import RobotSpec
 
 JOINTS = ["waist", "shoulder", "elbow", "forearm_roll", "wrist_angle", "wrist_rotate", "gripper"]
 T0 = 1_700_000_000.0  # bag time of the first message (s)
+# Cameras in a bag: (topic, first frame at (s), rate (Hz)). The first is raw bgr8 on the robot
+# description's topic for `top`; the second JPEG on a topic of its own.
+RAW_CAM = ("/cam_high/image_raw", 0.01, 30.0)
+JPEG_CAM = ("/cam_left_wrist/image_raw/compressed", 0.02, 20.0)
+FRAME_HW = (48, 64)
+
+
+def frame_colour(cam: int, i: int) -> tuple[int, int, int]:
+    """The flat RGB colour of frame i of camera `cam`: frames 8 apart in red, so JPEG's error cannot blur them."""
+    r = (8 * i + 40 * cam) % 256
+    return r, 255 - r, 60 + 100 * cam
 
 
 def joint_value(arm: int, j: int, t: np.ndarray | float) -> np.ndarray | float:
@@ -25,7 +36,9 @@ def joint_value(arm: int, j: int, t: np.ndarray | float) -> np.ndarray | float:
     return 0.01 * (j + 1) + (0.1 + 0.05 * arm) * np.asarray(t) * (1 if j != 6 else 0.01)
 
 
-def write_bag(path: Path, plugin: StoragePlugin, seconds: float = 2.0, split_at: float | None = None) -> None:
+def write_bag(path: Path, plugin: StoragePlugin, seconds: float = 2.0, split_at: float | None = None,
+              cameras: bool = False, bad_jpeg_at: int | None = None) -> dict[str, list[int]]:
+    """Returns each camera topic's message times (ns), empty without cameras."""
     store = get_typestore(Stores.ROS2_HUMBLE)
     JointState = store.types["sensor_msgs/msg/JointState"]
     Header = store.types["std_msgs/msg/Header"]
@@ -40,15 +53,40 @@ def write_bag(path: Path, plugin: StoragePlugin, seconds: float = 2.0, split_at:
                        w.add_connection(f"/{arm}/arm_controller/joint_trajectory", Traj.__msgtype__, typestore=store))
                  for arm in ("left", "right")}
         split = w.add_connection("/episode", Bool.__msgtype__, typestore=store)
-        events = [(k / 100, "state") for k in range(int(seconds * 100) + 1)]
-        events += [(k / 50 + 0.003, "command") for k in range(int(seconds * 50))]
+        events = [(k / 100, "state", 0) for k in range(int(seconds * 100) + 1)]
+        events += [(k / 50 + 0.003, "command", 0) for k in range(int(seconds * 50))]
         if split_at is not None:
-            events.append((split_at, "split"))
-        for t, kind in sorted(events):
+            events.append((split_at, "split", 0))
+        stamps: dict[str, list[int]] = {}
+        if cameras:
+            Image, Compressed = store.types["sensor_msgs/msg/Image"], store.types["sensor_msgs/msg/CompressedImage"]
+            cams = {"raw": w.add_connection(RAW_CAM[0], Image.__msgtype__, typestore=store),
+                    "jpeg": w.add_connection(JPEG_CAM[0], Compressed.__msgtype__, typestore=store)}
+            stamps = {RAW_CAM[0]: [], JPEG_CAM[0]: []}
+            events += [(RAW_CAM[1] + i / RAW_CAM[2], "raw", i) for i in range(int(seconds * RAW_CAM[2]))]
+            events += [(JPEG_CAM[1] + i / JPEG_CAM[2], "jpeg", i) for i in range(int(seconds * JPEG_CAM[2]))]
+            from robo_rl.sim.bridge import JpegEncoder
+
+            jpeg = JpegEncoder(*FRAME_HW)
+        for t, kind, i in sorted(events):
             ns = int(round((T0 + t) * 1e9))
             header = Header(stamp=Time(sec=int(T0 + t), nanosec=int(round((T0 + t) % 1 * 1e9))), frame_id="")
             if kind == "split":
                 w.write(split, ns, store.serialize_cdr(Bool(data=True), Bool.__msgtype__))
+                continue
+            if kind == "raw":  # bgr8, rows padded to a step of 200 bytes as some drivers do
+                bgr = np.zeros((FRAME_HW[0], 200), np.uint8)
+                bgr[:, :3 * FRAME_HW[1]] = np.tile(frame_colour(0, i)[::-1], FRAME_HW[1])
+                msg = Image(header=header, height=FRAME_HW[0], width=FRAME_HW[1], encoding="bgr8", is_bigendian=0,
+                            step=200, data=bgr.reshape(-1))
+                w.write(cams["raw"], ns, store.serialize_cdr(msg, Image.__msgtype__))
+                stamps[RAW_CAM[0]].append(ns)
+                continue
+            if kind == "jpeg":
+                data = jpeg.encode(np.full((*FRAME_HW, 3), frame_colour(1, i), np.uint8)) if i != bad_jpeg_at else b"\xff\xd8junk"
+                msg = Compressed(header=header, format="rgb8; jpeg compressed bgr8", data=np.frombuffer(data, np.uint8))
+                w.write(cams["jpeg"], ns, store.serialize_cdr(msg, Compressed.__msgtype__))
+                stamps[JPEG_CAM[0]].append(ns)
                 continue
             for a, arm in enumerate(("left", "right")):
                 if kind == "state":
@@ -61,6 +99,7 @@ def write_bag(path: Path, plugin: StoragePlugin, seconds: float = 2.0, split_at:
                                points=[Point(positions=pos, velocities=empty, accelerations=empty, effort=empty,
                                              time_from_start=Duration(sec=0, nanosec=20_000_000))])
                     w.write(conns[arm][1], ns, store.serialize_cdr(msg, Traj.__msgtype__))
+    return stamps
 
 
 def _cli(*args):
@@ -114,3 +153,42 @@ def test_split_topic_next_qpos_and_bad_input(tmp_path):
     assert r.returncode == 2 and "no topic /nothing" in r.stderr
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists() and not (tmp_path / "z").exists()
     assert not list(tmp_path.glob("*.importing"))
+
+
+def test_image_topics_import_as_the_newest_frame_at_each_step(tmp_path):
+    bag = tmp_path / "bag"
+    stamps = write_bag(bag, StoragePlugin.MCAP, seconds=1.5, cameras=True)
+    # the robot description's ros2.cameras by default: /cam_high/image_raw is `top`; the JPEG topic is not in it
+    r = _cli("dataset", "import-bag", str(bag), str(tmp_path / "default"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert EpisodeStore.open(tmp_path / "default").schema.cameras == ["top"]
+    # named on the command line: both, each must be in the bag
+    r = _cli("dataset", "import-bag", str(bag), str(tmp_path / "store"),
+             f"image_topics={{{RAW_CAM[0]}:top,{JPEG_CAM[0]}:left_wrist}}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "cameras left_wrist, top" in r.stdout
+    store = EpisodeStore.open(tmp_path / "store")
+    ep = store.episode(0)
+    assert store.schema.keys["obs/images/top"].shape == (*FRAME_HW, 3)
+    assert ep["obs/images/top"].dtype == np.uint8 and ep["obs/images/left_wrist"].shape == (len(ep["timestamp"]), *FRAME_HW, 3)
+    # steps start once every camera has a frame (the JPEG camera's first, at 0.02 s), every 20 ms
+    t = JPEG_CAM[1] + ep["timestamp"]
+    np.testing.assert_allclose(ep["obs/qpos"][:, 1], joint_value(0, 1, t), atol=1e-5)
+    for cam, (topic, _, _), tol in ((0, RAW_CAM, 0), (1, JPEG_CAM, 4)):
+        key = "obs/images/top" if cam == 0 else "obs/images/left_wrist"
+        for k, tk in enumerate(t):
+            step_ns = int(round((T0 + tk) * 1e9))
+            newest = max(i for i, ns in enumerate(stamps[topic]) if ns <= step_ns + 1)  # held until the next frame
+            got = ep[key][k].reshape(-1, 3).mean(0)
+            assert np.abs(got - frame_colour(cam, newest)).max() <= tol + 1e-9, (key, k, newest, got)
+
+
+def test_a_frame_that_does_not_decode_leaves_nothing_behind(tmp_path):
+    bag = tmp_path / "bag"
+    write_bag(bag, StoragePlugin.SQLITE3, seconds=1.0, cameras=True, bad_jpeg_at=10)
+    r = _cli("dataset", "import-bag", str(bag), str(tmp_path / "out"), f"image_topics={{{JPEG_CAM[0]}:left_wrist}}")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert f"{JPEG_CAM[0]} at " in r.stderr and "does not decode" in r.stderr
+    r2 = _cli("dataset", "import-bag", str(bag), str(tmp_path / "out"), "image_topics={/nothing:top}")
+    assert r2.returncode == 2 and "no topic /nothing" in r2.stderr
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob("*.importing"))

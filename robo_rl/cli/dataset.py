@@ -128,7 +128,9 @@ def delete(cfg: DictConfig, paths: list[str]) -> int:
 
 
 def import_bag(cfg: DictConfig, paths: list[str]) -> int:
-    """rosbag2 bags -> a new store, with the topics and joints of hardware/<robot>.yaml."""
+    """rosbag2 bags -> a new store, with the topics and joints of hardware/<robot>.yaml. Image
+    topics: `image_topics={/topic:camera,...}` (each must be in every bag), else the robot's
+    ros2.cameras (those in the bags)."""
     from robo_rl.data.rosbag import ArmMapping, BagImport, import_bags
     from robo_rl.hardware.robot import RobotSpec
     from robo_rl.hardware.ros2.robot import Ros2Config
@@ -140,8 +142,18 @@ def import_bag(cfg: DictConfig, paths: list[str]) -> int:
     ros = Ros2Config.from_yaml(cfg.robot, spec)
     arms = [ArmMapping(a.joint_states, a.command, a.joints, a.indices) for a in ros.arms]
     grippers = {i: (g.closed, g.open) for i, g in spec.grippers.items()}
+    image_topics = cfg.image_topics
+    if image_topics is None:
+        images, required = {c.topic: c.name for c in ros.cameras}, False
+    elif OmegaConf.is_dict(image_topics):
+        images, required = {str(k): str(v) for k, v in image_topics.items()}, True
+    else:
+        raise ConfigError(f"dataset import-bag: image_topics={image_topics!r}; give a mapping of topic to camera, "
+                          "e.g. image_topics={/cam_high/image_raw:top}, or {} for none")
     bag_cfg = BagImport(arms, spec.action_dim, float(cfg.fps), grippers, str(cfg.action_from), cfg.split_topic,
-                        cfg.task or "", spec.name)
+                        cfg.task or "", spec.name, images, required)
     store = import_bags(paths, out, bag_cfg, overwrite=bool(cfg.overwrite))
-    print(f"{out}: {store.n_episodes} episode(s), {store.n_steps} steps at {cfg.fps:g} fps from {len(paths)} bag(s)")
+    cams = store.schema.cameras
+    print(f"{out}: {store.n_episodes} episode(s), {store.n_steps} steps at {cfg.fps:g} fps from {len(paths)} bag(s)"
+          + (f", cameras {', '.join(cams)}" if cams else ""))
     return 0

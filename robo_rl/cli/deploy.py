@@ -30,15 +30,24 @@ def make_robot(cfg: DictConfig, policy: Any, task: str | None) -> tuple[Any, str
         env = BimanualEnv(task, obs_mode="state+pixels" if cams else "state", cameras=cams, image_size=tuple(size))
         env.reset(seed=int(cfg.seed))
         return TaskTwin(env), env.robot.spec.name  # the twin keeps the real arms' limits
-    from robo_rl.hardware.ros2.robot import Ros2Robot
+    from robo_rl.hardware.ros2.robot import Ros2Config, Ros2Robot
 
-    unsupported = [k for k in [*shapes.lowdim, *shapes.images] if k != "obs/qpos"]
+    unsupported = [k for k in shapes.lowdim if k != "obs/qpos"]
     if unsupported:
         raise ConfigError(f"deploy: the policy needs {unsupported}, which robot={cfg.robot} does not provide over ROS 2 "
                           "(obs/env_state exists only in the twin); train on obs_keys=[obs/qpos] for real arms")
+    from robo_rl.hardware.robot import RobotSpec
     from robo_rl.hardware.ros2.rclpy_transport import make_transport
 
-    robot = Ros2Robot(str(cfg.robot))
+    # camera keys obs/images/<cam>: read from the robot's ros2.cameras, resized to what the policy saw in training
+    sizes = {k.rsplit("/", 1)[-1]: tuple(v) for k, v in shapes.images.items()}
+    ros = Ros2Config.from_yaml(str(cfg.robot), RobotSpec.from_yaml(str(cfg.robot)))
+    missing = sorted(set(sizes) - {c.name for c in ros.cameras})
+    if missing:
+        raise ConfigError(f"deploy: the policy needs camera(s) {missing}, which robot={cfg.robot} has no ros2.cameras "
+                          f"topic for (it has {sorted(c.name for c in ros.cameras) or 'none'}); add them to "
+                          f"hardware/{cfg.robot}.yaml or train without those image keys")
+    robot = Ros2Robot(str(cfg.robot), config=ros, cameras=sorted(sizes), image_sizes=sizes)
     domain = robot.config.domain_id if cfg.domain_id is None else int(cfg.domain_id)
     robot.transport = make_transport(domain, str(cfg.transport))
     return robot, str(cfg.robot)

@@ -18,6 +18,8 @@ VERBS: dict[str, tuple[str, str]] = {
     "eval": ("robo_rl.cli.eval", "evaluate a trained policy in the twin: success with a 95% interval, videos"),
     "rac": ("robo_rl.cli.rac", "RaC rounds: interventions -> fine-tune -> eval, vs HG-DAgger and more demos"),
     "deploy": ("robo_rl.cli.deploy", "run a policy on the twin or ROS 2 arms: fixed-rate loop, safety, watchdog"),
+    "teleop": ("robo_rl.cli.teleop", "drive the arms (twin or ROS 2) from a keyboard, gamepad, SpaceMouse or leader arms"),
+    "record": ("robo_rl.cli.record", "record teleop demos or RaC interventions into an episode store, with cameras"),
     "sim-bridge": ("robo_rl.cli.sim_bridge", "serve the MuJoCo twin as a ROS 2 robot (CycloneDDS, no ROS install)"),
 }
 

@@ -18,7 +18,7 @@ from robo_rl.errors import ConfigError
 # samples, one round: every round starts from the checkpoint, so more rounds would repeat it). The
 # other methods' gain over it is what their data bought, not the extra training steps.
 METHODS = ("rac", "hg_dagger", "demos", "no_new_data")
-OPERATORS = ("sim", "keyboard", "gamepad")  # the simulated operator, or a human on a teleop device
+OPERATORS = ("sim", "keyboard", "gamepad", "pygame", "spacemouse")  # the simulated operator, or a human on a teleop device
 OWN_COMPOSITION = {"rac": "rac", "hg_dagger": "hg_dagger", "demos": "all", "no_new_data": "all"}
 LABELS = {"rac": "RaC", "hg_dagger": "HG-DAgger", "demos": "more expert demos", "no_new_data": "fine-tune, no new data",
           "base": "pre-trained"}
@@ -161,6 +161,14 @@ def run_rounds(cfg: DictConfig, ckpt: dict[str, Any], task: str, demos: str, n_d
     return 0
 
 
+DEVICE_HELP = {
+    "gamepad": "gamepad: A take over, B recovery done, X correction done, Y arm, sticks move, LB/RB grippers",
+    "spacemouse": "SpaceMouse: both buttons take over, hold left recovery done, hold right correction done, "
+                  "left click gripper, right click arm, push the cap to move",
+}
+DEVICE_HELP["pygame"] = DEVICE_HELP["gamepad"]
+
+
 class HumanSession:
     """A human on a keyboard (this terminal) or a gamepad steering the intervention rollouts in
     the twin: one env, real time, the MuJoCo viewer when there is a display."""
@@ -178,7 +186,7 @@ class HumanSession:
         keyboard = self.device if isinstance(self.device, KeyboardTeleop) else None
         print(f"\n{LABELS[method]} round {round_}: the policy drives; take over when it is about to fail.\n"
               + ("keys: t take over, r recovery done, c correction done, 1/2/b arm, w/s a/d q/e move, g gripper"
-                 if keyboard else "gamepad: A take over, B recovery done, X correction done, Y arm, sticks move, LB/RB grippers"))
+                 if keyboard else DEVICE_HELP.get(self.device.name, "")))
 
         def make_operator(env):
             self.view = HumanView(env, keyboard)

@@ -1,5 +1,6 @@
 """robo-rl replay: re-run recorded episodes in the MuJoCo twin and report how far they drift
-(the engine is robo_rl.sim.replay)."""
+(the engine is robo_rl.sim.replay), or play one back on a robot over ROS 2 (robot=aloha) through
+the fixed-rate Controller with its safety filter, and report how closely the robot follows."""
 
 from __future__ import annotations
 
@@ -56,6 +57,8 @@ def _stage(res: ReplayResult, stage: int | None) -> str:
 
 def run(cfg: DictConfig) -> int:
     store = open_store(cfg.dataset)
+    if cfg.robot != "sim":
+        return replay_on_robot(cfg, store)
     with store:
         every = isinstance(cfg.episode, str) and cfg.episode.lower() == "all"
         if every:
@@ -145,3 +148,60 @@ def report_many(results: list[ReplayResult], skipped: list[int], location: str, 
     if skipped:
         print(f"warning: {len(skipped)} episode(s) have no recorded initial state and were not replayed: "
               f"{', '.join(map(str, skipped))}")
+
+
+def replay_on_robot(cfg: DictConfig, store: EpisodeStore) -> int:
+    """Play one episode's executed actions on a ROS 2 robot at the store's rate: first a slow
+    approach from where the arms are to the first recorded command, then the recording. Reports
+    per joint how far the robot now is from where it was then (obs/qpos), and the timing table."""
+    from robo_rl.cli.teleop import SessionKeys, open_robot, safety_for, timing_rows
+    from robo_rl.runtime.controller import Controller, ControllerConfig
+    from robo_rl.runtime.sources import RecordedActions
+
+    with store:
+        if isinstance(cfg.episode, str):
+            raise ConfigError(f"episode={cfg.episode!r}: on a robot, replay one episode at a time (episode=N)")
+        index = episode_index(store, cfg.episode)
+        data = store.episode(index, keys=["action", "obs/qpos"])
+        fps, location = float(store.schema.fps), store.location
+    opened = open_robot(cfg)
+    spec = opened.robot.spec
+    if data["action"].shape[1] != spec.action_dim:
+        raise ConfigError(f"{location}: episode {index} has {data['action'].shape[1]}-D actions; {spec.name} takes "
+                          f"{spec.action_dim}")
+    if abs(fps - spec.control_hz) > 1e-6:
+        raise ConfigError(f"{location}: recorded at {fps:g} fps; {spec.name} is commanded at {spec.control_hz:g} Hz")
+    if float(cfg.approach_s) <= 0:
+        raise ConfigError(f"approach_s={cfg.approach_s}: give the seconds to reach the first recorded pose (> 0)")
+    safety, watchdog, estop = safety_for(opened)
+    keys = SessionKeys(estop=estop)
+    source = RecordedActions(data["action"], approach_ticks=int(round(float(cfg.approach_s) * spec.control_hz)))
+    measured: list[np.ndarray] = []
+
+    def on_tick(obs: Any, command: np.ndarray) -> None:
+        keys.pump()
+        if source.played is not None:  # `obs` is what the robot was at when that action was sent
+            measured.append(np.asarray(obs.qpos, dtype=np.float64))
+
+    try:
+        opened.robot.connect()
+        print(f"replay {location} episode {index} on {cfg.robot}: {cfg.approach_s:g} s to the first pose, then "
+              f"{len(data['action']) / fps:.1f} s (space: e-stop; Ctrl-C stops)", flush=True)
+        report = Controller(opened.robot, source, ControllerConfig(hz=spec.control_hz), safety=safety,
+                            watchdog=watchdog, estop=estop, on_record=on_tick).run(None, stop=lambda: source.ended)
+    finally:
+        keys.close()
+        opened.robot.close()
+    n = len(measured)
+    div = np.abs(np.stack(measured) - data["obs/qpos"][:n]) if n else np.zeros((0, spec.action_dim))
+    rows = [(name, _fmt(div[:, j].max()) if n else "-", _fmt(div[:, j].mean()) if n else "-")
+            for j, name in enumerate(spec.joint_names)]
+    print_table(f"replay {location} episode {index} on {cfg.robot}: |joint positions now - recorded| over {n} of "
+                f"{len(data['action'])} steps", ["joint", "max", "mean"], rows)
+    s = report.summary()
+    print_table("timing and safety", ["measure", "value"], timing_rows(s))
+    if s["stopped_reason"] or report.interrupted:
+        print(f"stopped: {s['stopped_reason'] or 'Ctrl-C'} after {n} of {len(data['action'])} steps")
+        return 1
+    print(f"played {n} steps; max joint difference from the recording {div.max() if n else 0:.3f}")
+    return 0

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from robo_rl.cli.app import run_app
+from robo_rl.errors import ConfigError
 
 
 def main(argv: list[str]) -> int:
@@ -14,13 +15,28 @@ def main(argv: list[str]) -> int:
 def run(cfg: DictConfig) -> int:
     from robo_rl.sim.bridge import SimBridge
 
-    bridge = SimBridge(str(cfg.robot), str(cfg.scene), cfg.domain_id, prefer=str(cfg.transport))
+    cameras = cfg.cameras if cfg.cameras is not None else []
+    if isinstance(cameras, str):  # `cameras=top`: one camera
+        cameras = [cameras]
+    elif not OmegaConf.is_list(cameras):
+        raise ConfigError(f"sim-bridge: cameras={cameras!r}; give a list, e.g. cameras=[top,left_wrist]")
+    size = cfg.image_size
+    if not OmegaConf.is_list(size) or len(size) != 2:
+        raise ConfigError(f"sim-bridge: image_size={size!r}; give [height, width], e.g. image_size=[240,320]")
+    bridge = SimBridge(str(cfg.robot), str(cfg.scene), cfg.domain_id, prefer=str(cfg.transport),
+                       cameras=[str(c) for c in cameras], camera_hz=float(cfg.camera_hz),
+                       image_size=(int(size[0]), int(size[1])),
+                       image_type=None if cfg.image_type is None else str(cfg.image_type))
     arms = ", ".join(f"{a.joint_states} -> {a.command}" for a in bridge.config.arms)
+    cams = "".join(f", {c.name} -> {c.topic} ({c.type})" for c in bridge.cameras)
+    if cams:
+        cams += f" at {cfg.camera_hz:g} Hz, {bridge.image_size[1]}x{bridge.image_size[0]}"
     print(f"sim-bridge: serving {cfg.robot} ({cfg.scene}) on ROS domain {bridge.config.domain_id} "
-          f"({bridge.transport.name}): {arms}", flush=True)
+          f"({bridge.transport.name}): {arms}{cams}", flush=True)
     try:
         bridge.run(None if cfg.duration is None else float(cfg.duration))
     finally:
+        print(f"sim-bridge: {bridge.tick_summary()}", flush=True)
         print(f"sim-bridge: {bridge.commands_received} commands received, {bridge.commands_refused} refused", flush=True)
         bridge.close()
     return 0

@@ -15,6 +15,7 @@ Crash behaviour:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import select
@@ -285,6 +286,9 @@ class Recorder:
             raise StoreError(f"{self.path}: end_episode without an open episode")
         if self._step_in_episode == 0:
             raise SchemaError(f"{self.path}: cannot end an empty episode; discard_episode() instead")
+        unknown = sorted(set(meta_updates) - {f.name for f in dataclasses.fields(EpisodeMeta)})
+        if unknown:  # refuse it here: the writer would fail on it, and with it every later episode
+            raise SchemaError(f"{self.path}: end_episode: unknown episode field(s) {unknown}; free-form facts go in extra={{...}}")
         json.dumps(meta_updates)  # refuse what cannot be stored before the writer sees it
         self._send("end", (success, meta_updates))
         self._open = False

@@ -7,8 +7,12 @@ output step k at t0 + k / fps takes:
   - obs/qpos, obs/qvel: each joint linearly interpolated between the joint states around it;
   - action: the newest command at or before it (a command holds until the next one), or, for a
     bag without commands (`action_from=next_qpos`), the next step's joint positions.
-Steps start once every arm has a joint state (and a command) and end at the last message.
-Grippers travel as finger positions; `grippers` maps them back to 0..1.
+  - obs/images/<camera>: the newest frame at or before it (held) of the camera's topic,
+    sensor_msgs/Image (rgb8, bgr8, mono8) or sensor_msgs/CompressedImage (JPEG, PNG), as RGB.
+Steps start once every arm has a joint state (and a command) and every camera a frame, and end at
+the last joint state or command. Grippers travel as finger positions; `grippers` maps them back to 0..1.
+Frames are decoded in a second pass over the bag and written a shard at a time, so a long bag's
+images never sit in memory at once.
 
 A bag is one episode; `split_topic` (any message type, e.g. std_msgs/Bool from a record key)
 starts a new episode at each of its messages. The store is written to a temporary folder and
@@ -20,13 +24,15 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 
 from robo_rl.data.schema import EpisodeMeta, Schema, Segment
-from robo_rl.data.store import EpisodeStore
 from robo_rl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from robo_rl.data.store import EpisodeStore
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,51 @@ class BagImport:
     split_topic: str | None = None
     task: str = ""
     robot: str = "unknown"
+    images: dict[str, str] = field(default_factory=dict)  # image topic -> camera (store key obs/images/<camera>)
+    images_required: bool = True  # False: a bag without some of `images` imports without those cameras
+
+
+IMAGE_MSGTYPES = ("sensor_msgs/msg/Image", "sensor_msgs/msg/CompressedImage")
+RAW_CHANNELS = {"rgb8": 3, "bgr8": 3, "mono8": 1, "rgba8": 4, "bgra8": 4}
+
+
+def rgb_from_raw(encoding: str, height: int, width: int, step: int, data: Any) -> np.ndarray:
+    """A sensor_msgs/Image's pixels as uint8 HWC RGB (a copy: `data` may be a message buffer)."""
+    channels = RAW_CHANNELS.get(encoding)
+    if channels is None:
+        raise ConfigError(f"image encoding {encoding!r} unsupported; use one of {sorted(RAW_CHANNELS)}")
+    buf = np.frombuffer(data, np.uint8) if isinstance(data, (bytes, bytearray, memoryview)) else np.asarray(data, np.uint8).reshape(-1)
+    if height <= 0 or width <= 0 or step < width * channels or buf.size < height * step:
+        raise ConfigError(f"a {width}x{height} {encoding} image with step {step} needs step >= {width * channels} and "
+                          f"{height * step} bytes; it has {buf.size}")
+    px = buf[:height * step].reshape(height, step)[:, :width * channels].reshape(height, width, channels)
+    if channels == 1:
+        return np.repeat(px, 3, axis=2)
+    return (px[..., 2::-1] if encoding.startswith("bgr") else px[..., :3]).copy()
+
+
+def rgb_from_compressed(data: Any, fmt: str = "") -> np.ndarray:
+    """A sensor_msgs/CompressedImage (JPEG or PNG, told apart by their first bytes) as uint8 HWC RGB."""
+    import av
+
+    raw = bytes(data)
+    codec = "mjpeg" if raw[:2] == b"\xff\xd8" else "png" if raw[:8] == b"\x89PNG\r\n\x1a\n" else None
+    if codec is None:
+        raise ConfigError(f"compressed image (format {fmt!r}) is neither JPEG nor PNG")
+    try:
+        frames = av.CodecContext.create(codec, "r").decode(av.Packet(raw))
+    except av.FFmpegError as e:
+        raise ConfigError(f"compressed image (format {fmt!r}) does not decode as {codec}: {e}") from None
+    if not frames:
+        raise ConfigError(f"compressed image (format {fmt!r}) holds no complete {codec} picture")
+    return frames[0].to_ndarray(format="rgb24")
+
+
+def rgb_from_message(msg: Any) -> np.ndarray:
+    """Either image message (ours or rosbags'; told apart by Image's `encoding`) as uint8 HWC RGB."""
+    if hasattr(msg, "encoding"):
+        return rgb_from_raw(msg.encoding, int(msg.height), int(msg.width), int(msg.step), msg.data)
+    return rgb_from_compressed(msg.data, msg.format)
 
 
 def _typestore():
@@ -57,8 +108,20 @@ def _typestore():
     return get_typestore(Stores.LATEST)
 
 
-def read_bag(bag: str | Path, cfg: BagImport) -> list[dict[str, np.ndarray]]:
-    """The bag's episodes, each {obs/qpos, obs/qvel, action, timestamp}, resampled to cfg.fps."""
+@dataclass
+class BagContents:
+    """What the first pass over one bag found: its episodes without frames, and which frames they hold."""
+
+    path: Path
+    # each {obs/qpos, obs/qvel, action, timestamp, frame_index: {image topic: the index of the
+    # message on that topic each step holds}}, resampled to cfg.fps
+    episodes: list[dict[str, Any]]
+    images: dict[str, str]  # the image topics this bag has: topic -> camera
+    shapes: dict[str, tuple[int, ...]]  # camera -> frame shape (its first frame's)
+
+
+def read_bag(bag: str | Path, cfg: BagImport) -> BagContents:
+    """The bag's episodes, resampled to cfg.fps; camera frames are only located, not kept."""
     from rosbags.rosbag2 import Reader
 
     path = Path(bag)
@@ -68,20 +131,36 @@ def read_bag(bag: str | Path, cfg: BagImport) -> list[dict[str, np.ndarray]]:
     states: dict[str, list[tuple[float, dict[str, float], dict[str, float]]]] = {a.joint_states: [] for a in cfg.arms}
     commands: dict[str, list[tuple[float, list[float]]]] = {a.command: [] for a in cfg.arms if a.command}
     splits: list[float] = []
+    image_times: dict[str, list[float]] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
     try:
         with Reader(path) as reader:
             topics = {c.topic: c for c in reader.connections}
             required = set(states) | ({cfg.split_topic} if cfg.split_topic else set())
             if cfg.action_from == "command":
                 required |= set(commands)
+            if cfg.images_required:
+                required |= set(cfg.images)
             missing = sorted(required - set(topics))
             if missing:
                 raise ConfigError(f"{path}: no topic {', '.join(missing)}; the bag has {sorted(topics)}")
-            conns = [topics[t] for t in required | (set(commands) & set(topics))]
+            for topic in cfg.images:
+                if topic in topics:
+                    if topics[topic].msgtype not in IMAGE_MSGTYPES:
+                        raise ConfigError(f"{path}: {topic} carries {topics[topic].msgtype}; an image topic carries "
+                                          f"{' or '.join(IMAGE_MSGTYPES)}")
+                    image_times[topic] = []
+            conns = [topics[t] for t in required | (set(commands) & set(topics)) | set(image_times)]
             for conn, stamp_ns, raw in reader.messages(connections=conns):
                 t = stamp_ns * 1e-9
                 if conn.topic == cfg.split_topic:
                     splits.append(t)
+                    continue
+                if conn.topic in image_times:  # only when and how big; frames are decoded when written
+                    image_times[conn.topic].append(t)
+                    camera = cfg.images[conn.topic]
+                    if camera not in shapes:
+                        shapes[camera] = decode_frame(path, conn.topic, t, store.deserialize_cdr(raw, conn.msgtype)).shape
                     continue
                 msg = store.deserialize_cdr(raw, conn.msgtype)
                 if conn.topic in states:
@@ -99,17 +178,70 @@ def read_bag(bag: str | Path, cfg: BagImport) -> list[dict[str, np.ndarray]]:
         raise
     except Exception as e:  # rosbags' own errors: not a bag, unknown storage, broken file
         raise ConfigError(f"{path}: cannot read as a rosbag2 ({type(e).__name__}: {e})") from None
-    return _resample(path, cfg, states, commands, splits)
+    episodes = _resample(path, cfg, states, commands, splits, image_times)
+    return BagContents(path, episodes, {t: cfg.images[t] for t in image_times}, shapes)
 
 
-def _resample(path: Path, cfg: BagImport, states, commands, splits) -> list[dict[str, np.ndarray]]:
+def decode_frame(path: Path, topic: str, t: float, msg: Any) -> np.ndarray:
+    """One image message of the bag as RGB; a frame that does not decode says where it is."""
+    try:
+        return rgb_from_message(msg)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {topic} at {t:.3f} s: {e}") from None
+
+
+def iter_frames(contents: BagContents) -> Iterator[dict[str, np.ndarray]]:
+    """Second pass: {camera: frame} for every step of every episode of the bag, in order. Only the
+    messages some step holds are decoded, and a frame is dropped once no later step needs it."""
+    from rosbags.rosbag2 import Reader
+
+    topics = contents.images
+    need = {t: np.concatenate([ep["frame_index"][t] for ep in contents.episodes]) for t in topics}
+    n = sum(len(ep["timestamp"]) for ep in contents.episodes)
+    wanted = {t: set(need[t].tolist()) for t in topics}
+    seen = dict.fromkeys(topics, -1)
+    held: dict[str, dict[int, np.ndarray]] = {t: {} for t in topics}  # message index -> frame
+    k = 0
+    store = _typestore()
+    try:
+        with Reader(contents.path) as reader:
+            for conn, stamp_ns, raw in reader.messages(connections=[c for c in reader.connections if c.topic in topics]):
+                topic = conn.topic
+                seen[topic] += 1
+                if seen[topic] not in wanted[topic]:
+                    continue
+                frame = decode_frame(contents.path, topic, stamp_ns * 1e-9, store.deserialize_cdr(raw, conn.msgtype))
+                shape = contents.shapes[topics[topic]]
+                if frame.shape != shape:
+                    raise ConfigError(f"{contents.path}: {topic} at {stamp_ns * 1e-9:.3f} s is {frame.shape[1]}x{frame.shape[0]}, "
+                                      f"earlier frames {shape[1]}x{shape[0]}; a camera's frames have one size in a store")
+                held[topic][seen[topic]] = frame
+                while k < n and all(need[t][k] in held[t] for t in topics):
+                    yield {topics[t]: held[t][need[t][k]] for t in topics}
+                    k += 1
+                    for t in topics:
+                        for i in [i for i in held[t] if k == n or i < need[t][k]]:
+                            del held[t][i]
+    except ConfigError:
+        raise
+    except Exception as e:
+        raise ConfigError(f"{contents.path}: cannot read as a rosbag2 ({type(e).__name__}: {e})") from None
+    if k < n:
+        raise ConfigError(f"{contents.path}: frames for {n - k} steps were not found on the second read; "
+                          "did the bag change during the import?")
+
+
+def _resample(path: Path, cfg: BagImport, states, commands, splits, image_times) -> list[dict[str, Any]]:
     use_commands = cfg.action_from == "command"
     for arm in cfg.arms:
         if not states[arm.joint_states]:
             raise ConfigError(f"{path}: no messages on {arm.joint_states}")
         if use_commands and not commands.get(arm.command):
             raise ConfigError(f"{path}: no commands on {arm.command}; pass action_from=next_qpos for a bag without them")
-    starts = [states[a.joint_states][0][0] for a in cfg.arms]
+    for topic, ts in image_times.items():
+        if not ts:
+            raise ConfigError(f"{path}: no frames on {topic}")
+    starts = [states[a.joint_states][0][0] for a in cfg.arms] + [ts[0] for ts in image_times.values()]
     if use_commands:
         starts += [commands[a.command][0][0] for a in cfg.arms]
     t0 = max(starts)
@@ -144,6 +276,8 @@ def _resample(path: Path, cfg: BagImport, states, commands, splits) -> list[dict
         action[:-1], action[-1] = qpos[1:], qpos[-1]
     if not np.isfinite(action).all():
         raise ConfigError(f"{path}: a command leaves some joints unset (a JointTrajectory naming other joints?)")
+    # the newest frame at or before each step (held until the next), as its message index
+    frame_index = {topic: np.searchsorted(np.array(ts), times + 1e-9, side="right") - 1 for topic, ts in image_times.items()}
     bounds = [t0, *sorted(s for s in splits if t0 < s < t1), np.inf]
     episodes = []
     for a, b in zip(bounds, bounds[1:]):
@@ -152,31 +286,64 @@ def _resample(path: Path, cfg: BagImport, states, commands, splits) -> list[dict
             episodes.append({"obs/qpos": qpos[keep].astype(np.float32), "obs/qvel": qvel[keep].astype(np.float32),
                              "action": action[keep].astype(np.float32),
                              # k / fps, not t - t_first: bag times near 1.7e9 s would cost 0.2 us of precision
-                             "timestamp": np.arange(int(keep.sum())) / cfg.fps})
+                             "timestamp": np.arange(int(keep.sum())) / cfg.fps,
+                             "frame_index": {topic: idx[keep] for topic, idx in frame_index.items()}})
     return episodes
+
+
+LOWDIM_KEYS = ("obs/qpos", "obs/qvel", "action")
+BLOCK_STEPS = 64  # steps handed to the store at once: frames reach disk a shard at a time
 
 
 def import_bags(bags: Sequence[str | Path], out: str | Path, cfg: BagImport, overwrite: bool = False) -> EpisodeStore:
     """Every bag (its episodes) into a new store at `out`; all or nothing."""
+    from robo_rl.data.store import EpisodeStore  # here, not above: Ros2Robot imports the decoders without zarr
+
     if cfg.action_from not in ("command", "next_qpos"):
         raise ConfigError(f"action_from={cfg.action_from!r}; choose command or next_qpos")
+    cameras = list(cfg.images.values())
+    for topic, camera in cfg.images.items():
+        if not camera or "/" in camera or cameras.count(camera) > 1:
+            raise ConfigError(f"image topic {topic} -> camera {camera!r}: a camera is a name without '/', one topic each")
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise ConfigError(f"{out} already exists; pass overwrite=true to replace it")
-    episodes = [(Path(b), ep) for b in bags for ep in read_bag(b, cfg)]  # read everything before writing
-    if not episodes:
+    contents = [read_bag(b, cfg) for b in bags]  # read everything but the frames before writing
+    if not any(c.episodes for c in contents):
         raise ConfigError(f"no episode of 2 or more steps in {', '.join(map(str, bags))}")
+    first = contents[0]
+    for c in contents[1:]:  # one schema for the store: the same cameras, each at one size, in every bag
+        if sorted(c.images.values()) != sorted(first.images.values()):
+            raise ConfigError(f"{c.path}: has cameras {sorted(c.images.values())}, {first.path} has "
+                              f"{sorted(first.images.values())}; every bag of a store needs the same cameras")
+        for camera, shape in c.shapes.items():
+            if shape != first.shapes[camera]:
+                raise ConfigError(f"{c.path}: camera {camera} frames are {shape[1]}x{shape[0]}, {first.path}'s "
+                                  f"{first.shapes[camera][1]}x{first.shapes[camera][0]}; a camera has one size in a store")
     n = cfg.action_dim
-    schema = Schema.build({"obs/qpos": ((n,), "float32"), "obs/qvel": ((n,), "float32"), "action": ((n,), "float32")},
-                          fps=cfg.fps, robot=cfg.robot)
+    keys = {k: ((n,), "float32") for k in LOWDIM_KEYS}
+    keys.update({f"obs/images/{cam}": (shape, "uint8") for cam, shape in sorted(first.shapes.items())})
+    schema = Schema.build(keys, fps=cfg.fps, robot=cfg.robot, cameras=sorted(first.shapes))
     tmp = out.with_name(out.name + ".importing")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         store = EpisodeStore.create(tmp, schema)
-        for bag, ep in episodes:
-            data = {k: ep[k] for k in ("obs/qpos", "obs/qvel", "action")}
-            store.add_episode(data, ep["timestamp"], Segment.TELEOP,
-                              EpisodeMeta(task=cfg.task, source=f"rosbag2:{bag.name}", extra={"bag": str(bag)}))
+        for bag in contents:
+            frames = iter_frames(bag) if bag.images else None
+            for ep in bag.episodes:
+                writer = store.begin_episode(EpisodeMeta(task=cfg.task, source=f"rosbag2:{bag.path.name}",
+                                                         extra={"bag": str(bag.path)}))
+                steps = len(ep["timestamp"])
+                for a in range(0, steps, BLOCK_STEPS):
+                    b = min(steps, a + BLOCK_STEPS)
+                    data = {k: ep[k][a:b] for k in LOWDIM_KEYS}
+                    if frames is not None:
+                        block = [next(frames) for _ in range(b - a)]
+                        data.update({f"obs/images/{cam}": np.stack([f[cam] for f in block]) for cam in bag.images.values()})
+                    writer.add_block(data, ep["timestamp"][a:b], Segment.TELEOP)
+                writer.commit()
+            if frames is not None:
+                frames.close()  # its reader
         store.close()
         if out.exists():
             shutil.rmtree(out)
@@ -185,4 +352,3 @@ def import_bags(bags: Sequence[str | Path], out: str | Path, cfg: BagImport, ove
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return EpisodeStore.open(out)
-

@@ -1,9 +1,11 @@
-"""The fixed-rate control loop: a robot commanded every tick, a policy thinking in its own thread.
+"""The fixed-rate control loop: a robot commanded every tick by an action source: a policy
+thinking in its own thread (PolicyChunks), a human on a teleop device, or both under the RaC
+intervention protocol (robo_rl/runtime/sources.py).
 
 Three cadences, kept apart:
 - command: the loop ticks at `hz` against absolute deadlines (t0 + k / hz), so a late tick never
   shifts the ones after it; it sleeps until just before a deadline and spins the rest.
-- inference: a worker thread predicts a chunk from the newest observation window whenever the
+- inference (PolicyChunks): a worker thread predicts a chunk from the newest observation window whenever the
   current chunk has `n_action_steps` or fewer actions left to run. The loop never waits for it.
 - recording: `on_record(obs, executed)` is called at `record_hz` (default: `hz`), on the record
   clock, so a dataset is written at its declared fps whatever the command rate.
@@ -25,7 +27,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Protocol
 
 import numpy as np
 
@@ -67,6 +69,7 @@ class ControllerReport:
     watchdog_holds: int = 0
     watchdog_stops: int = 0
     stopped_reason: str = ""
+    interrupted: bool = False         # Ctrl-C ended the run (a normal way to stop teleop)
     safety: dict[str, int] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
@@ -78,7 +81,8 @@ class ControllerReport:
                 "inference_p50_ms": pct(self.inference_ms, 50), "inference_p99_ms": pct(self.inference_ms, 99),
                 "chunks": self.chunks, "dropped_actions": self.dropped_actions, "missing_actions": self.missing_actions,
                 "recorded": self.recorded, "watchdog_holds": self.watchdog_holds,
-                "watchdog_stops": self.watchdog_stops, "stopped_reason": self.stopped_reason, **self.safety}
+                "watchdog_stops": self.watchdog_stops, "stopped_reason": self.stopped_reason,
+                "interrupted": self.interrupted, **self.safety}
 
 
 class InferenceWorker:
@@ -166,28 +170,85 @@ def observation_window(history: list[Any]) -> dict[str, np.ndarray]:
     return window
 
 
-class Controller:
-    """Runs `robot` at `config.hz` with actions from `predict`, through `safety` (a SafetyFilter)
-    and `watchdog` if given; `estop` (an EStop) ends the run at the next tick."""
+class ActionSource(Protocol):
+    """Who commands the robot. The Controller asks once per tick, after observing."""
 
-    def __init__(self, robot: Any, predict: Callable[[Mapping[str, np.ndarray]], np.ndarray], config: ControllerConfig,
+    def action(self, deadline: float, history: list[Any], report: ControllerReport) -> np.ndarray | None:
+        """The command due at `deadline` (the tick's scheduled time) given the newest observations,
+        or None to hold the last command."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class PolicyChunks:
+    """A policy as an action source: chunks predicted in an InferenceWorker thread from the newest
+    observation window, executed on absolute time (late actions dropped), blended at hand-over."""
+
+    def __init__(self, predict: Callable[[Mapping[str, np.ndarray]], np.ndarray], config: ControllerConfig,
+                 make_window: Callable[[list[Any]], dict[str, np.ndarray]] = observation_window):
+        self.config, self.make_window = config, make_window
+        self.period = 1.0 / config.hz
+        self.worker = InferenceWorker(predict)
+        self.current: TimedChunk | None = None
+        self._blend_from: TimedChunk | None = None
+        self._blend_left = 0
+
+    def action(self, deadline: float, history: list[Any], report: ControllerReport) -> np.ndarray | None:
+        cfg, period = self.config, self.period
+        # a new chunk: drop what is already past, blend from the old one's continuation
+        chunk = self.worker.take()
+        if chunk is not None:
+            report.chunks += 1
+            passed = int(np.floor((deadline - chunk.start) / period + 1e-6))
+            report.dropped_actions += max(0, min(passed, len(chunk.actions)))
+            if self.current is not None and cfg.blend_steps > 0:
+                self._blend_from, self._blend_left = self.current, cfg.blend_steps
+            self.current = chunk
+        current = self.current
+        index = None if current is None else int(round((deadline - current.start) / period))
+        if len(history) == cfg.n_obs and (current is None or len(current.actions) - index <= cfg.n_action_steps):
+            self.worker.request(deadline, self.make_window(history))
+        if current is None or not 0 <= index < len(current.actions):
+            return None
+        action = current.actions[index]
+        if self._blend_left > 0:
+            j = int(round((deadline - self._blend_from.start) / period))
+            if 0 <= j < len(self._blend_from.actions):
+                w = self._blend_left / (cfg.blend_steps + 1)
+                action = w * self._blend_from.actions[j] + (1 - w) * action
+            self._blend_left -= 1
+        return action
+
+    def close(self) -> None:
+        self.worker.close()
+
+    def latencies(self) -> list[float]:
+        return self.worker.latencies()
+
+
+class Controller:
+    """Runs `robot` at `config.hz` with commands from `source` (an ActionSource; a bare `predict`
+    function becomes PolicyChunks), through `safety` (a SafetyFilter) and `watchdog` if given;
+    `estop` (an EStop) ends the run at the next tick."""
+
+    def __init__(self, robot: Any, source: Any, config: ControllerConfig,
                  safety: Any = None, watchdog: Any = None, estop: Any = None,
                  on_record: Callable[[Any, np.ndarray], None] | None = None,
                  make_window: Callable[[list[Any]], dict[str, np.ndarray]] = observation_window,
                  clock: Callable[[], float] = time.monotonic):
         config.validate()
         self.robot, self.config, self.safety, self.watchdog, self.estop = robot, config, safety, watchdog, estop
-        self.on_record, self.make_window, self.clock = on_record, make_window, clock
-        self.worker = InferenceWorker(predict)
+        self.on_record, self.clock = on_record, clock
+        self.source = source if hasattr(source, "action") else PolicyChunks(source, config, make_window)
 
-    def run(self, duration_s: float) -> ControllerReport:
+    def run(self, duration_s: float | None = None, stop: Callable[[], bool] | None = None) -> ControllerReport:
+        """Run for `duration_s` (None: until `stop()` is true, checked every tick) and report.
+        Ctrl-C ends the run with `report.interrupted` set."""
         cfg, report = self.config, ControllerReport()
         period = 1.0 / cfg.hz
         record_period = 1.0 / (cfg.record_hz or cfg.hz)
         history: deque[Any] = deque(maxlen=cfg.n_obs)
-        current: TimedChunk | None = None
-        blend_from: TimedChunk | None = None
-        blend_left = 0
         obs = self.robot.observe()
         command = np.asarray(obs.qpos, dtype=np.float32)
         if self.safety is not None:
@@ -199,8 +260,11 @@ class Controller:
         t0 = self.clock()
         next_record = t0
         last_start = None
+        ticks = None if duration_s is None else int(round(duration_s * cfg.hz))
         try:
-            for k in range(int(round(duration_s * cfg.hz))):
+            k = -1
+            while ticks is None or k + 1 < ticks:
+                k += 1
                 deadline = t0 + k * period
                 wait_until(deadline, cfg.spin_s, self.clock)
                 start = self.clock()
@@ -212,6 +276,8 @@ class Controller:
                 if self.estop is not None and self.estop.tripped:
                     report.stopped_reason = f"e-stop: {self.estop.reason}"
                     break
+                if stop is not None and stop():
+                    break
                 obs = self.robot.observe()
                 history.append(obs)
                 if self.watchdog is not None:
@@ -220,32 +286,12 @@ class Controller:
                     fresh = getattr(self.robot, "last_update", None)
                     self.watchdog.observation_received(start if fresh is None else fresh)
 
-                # a new chunk: drop what is already past, blend from the old one's continuation
-                chunk = self.worker.take()
-                if chunk is not None:
-                    report.chunks += 1
-                    passed = int(np.floor((deadline - chunk.start) / period + 1e-6))
-                    report.dropped_actions += max(0, min(passed, len(chunk.actions)))
-                    if current is not None and cfg.blend_steps > 0:
-                        blend_from, blend_left = current, cfg.blend_steps
-                    current = chunk
-                index = None if current is None else int(round((deadline - current.start) / period))
-                if len(history) == cfg.n_obs and (current is None or len(current.actions) - index <= cfg.n_action_steps):
-                    self.worker.request(deadline, self.make_window(list(history)))
-
-                if current is not None and 0 <= index < len(current.actions):
-                    action = current.actions[index]
-                    if blend_left > 0:
-                        j = int(round((deadline - blend_from.start) / period))
-                        if 0 <= j < len(blend_from.actions):
-                            w = blend_left / (cfg.blend_steps + 1)
-                            action = w * blend_from.actions[j] + (1 - w) * action
-                        blend_left -= 1
-                    if self.watchdog is not None:
-                        self.watchdog.command_received(start)
-                else:
+                action = self.source.action(deadline, list(history), report)
+                if action is None:
                     report.missing_actions += 1
                     action = command  # hold
+                elif self.watchdog is not None:
+                    self.watchdog.command_received(start)
 
                 state = self.watchdog.check() if self.watchdog is not None else None
                 if state is not None and state.action == "stop":
@@ -260,10 +306,12 @@ class Controller:
                     self.on_record(obs, command)
                     report.recorded += 1
                     next_record += record_period
+        except KeyboardInterrupt:  # Ctrl-C: stop commanding at once and still report
+            report.interrupted = True
         finally:
             sys.setswitchinterval(switch)
-            self.worker.close()
-        report.inference_ms = self.worker.latencies()
+            self.source.close()
+        report.inference_ms = self.source.latencies() if hasattr(self.source, "latencies") else []
         if self.watchdog is not None:
             report.watchdog_holds, report.watchdog_stops = self.watchdog.holds, self.watchdog.stops
         if self.safety is not None:

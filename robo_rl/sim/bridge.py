@@ -5,28 +5,60 @@ in real time: applies the newest command of each arm (a JointTrajectory's first 
 Float64MultiArray), steps the physics, and publishes each arm's sensor_msgs/JointState (grippers
 as finger positions in metres, like the real arms). A command holding NaN or inf is refused and
 counted, never applied. Every ROS 2 path (deploy, teleop, record) thereby runs without hardware.
+
+Cameras (none unless asked for): each renders at `camera_hz` onto its `ros2.cameras` topic, as a
+sensor_msgs/Image (rgb8) or a CompressedImage (JPEG). Rendering happens in the control loop, on
+the thread that owns the GL context, one camera per tick where the rates allow: the cameras' turns
+are spread over the ticks so no single tick renders them all.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
-from typing import Any
+from collections import deque
+from fractions import Fraction
+from typing import Any, Sequence
 
+import mujoco
 import numpy as np
 
-from robo_rl.hardware.ros2.messages import Header, JointState, Time
-from robo_rl.hardware.ros2.robot import COMMAND_TYPES, ArmTopics, Ros2Config, from_wire, to_wire
+from robo_rl.errors import ConfigError
+from robo_rl.hardware.ros2.messages import CompressedImage, Header, Image, JointState, Time
+from robo_rl.hardware.ros2.robot import (COMMAND_TYPES, IMAGE_TYPES, ArmTopics, CameraTopic, Ros2Config, from_wire,
+                                         to_wire)
 from robo_rl.sim.robot import SimRobot
+
+
+class JpegEncoder:
+    """RGB frames -> JPEG bytes (PyAV's mjpeg), one encoder per camera."""
+
+    def __init__(self, height: int, width: int):
+        import av
+
+        self._av = av
+        self._ctx = av.CodecContext.create("mjpeg", "w")
+        self._ctx.width, self._ctx.height, self._ctx.pix_fmt = width, height, "yuvj420p"
+        self._ctx.time_base = Fraction(1, 1000)
+        self._pts = 0
+
+    def encode(self, rgb: np.ndarray) -> bytes:
+        frame = self._av.VideoFrame.from_ndarray(rgb, format="rgb24").reformat(format="yuvj420p")
+        frame.pts = self._pts
+        self._pts += 1
+        return b"".join(bytes(p) for p in self._ctx.encode(frame))
 
 
 class SimBridge:
     def __init__(self, robot: str = "aloha", scene: str = "aloha.xml", domain_id: int | None = None,
-                 transport: Any = None, prefer: str = "auto"):
-        self.sim = SimRobot(scene, robot=robot, cameras=[], realtime=True)
+                 transport: Any = None, prefer: str = "auto", cameras: Sequence[str] = (), camera_hz: float = 15.0,
+                 image_size: tuple[int, int] = (240, 320), image_type: str | None = None):
+        self.sim = SimRobot(scene, robot=robot, cameras=[])
         self.config = Ros2Config.from_yaml(robot, self.sim.spec)
         if domain_id is not None:
-            self.config = Ros2Config(int(domain_id), self.config.arms)
+            self.config = dataclasses.replace(self.config, domain_id=int(domain_id))
+        self.cameras = self._check_cameras(cameras, camera_hz, image_size, image_type)
         if transport is None:
             from robo_rl.hardware.ros2.rclpy_transport import make_transport
 
@@ -36,11 +68,43 @@ class SimBridge:
         self._command = self.sim.spec.home.astype(np.float64).copy()
         self.commands_received = 0
         self.commands_refused = 0
+        self.frames_published = 0
+        self.ticks = 0
+        self.tick_s: deque[float] = deque(maxlen=30_000)  # the last 10 min of ticks' work (physics, publishing, rendering), not sleep
         self._publish = {arm.name: transport.publisher(arm.joint_states, JointState, qos="sensor")
                          for arm in self.config.arms}
         for arm in self.config.arms:
             transport.subscribe(arm.command, COMMAND_TYPES[arm.command_type],
                                 lambda msg, arm=arm: self._on_command(arm, msg))
+        self.image_size = (int(image_size[0]), int(image_size[1]))
+        # made here, on the thread that will step and render (GL contexts belong to one thread), so
+        # the first tick does not pay for it
+        self._renderer = mujoco.Renderer(self.sim.model, *self.image_size) if self.cameras else None
+        for cam in self.cameras:  # the first render of a camera is slow (GL warm-up): not in a tick
+            self.render(cam.name)
+        self._publish_frame = {c.name: transport.publisher(c.topic, IMAGE_TYPES[c.type], qos="sensor")
+                               for c in self.cameras}
+        self._jpeg = {c.name: JpegEncoder(*self.image_size) for c in self.cameras if c.type == "compressed"}
+        # camera i first renders at tick i * every / n, then every `every` ticks (a float: 50 / 15 Hz)
+        self._every = self.sim.spec.control_hz / float(camera_hz) if self.cameras else 0.0
+        self._due = [i * self._every / max(1, len(self.cameras)) for i in range(len(self.cameras))]
+
+    def _check_cameras(self, names: Sequence[str], camera_hz: float, image_size, image_type) -> tuple[CameraTopic, ...]:
+        cams = self.config.camera_topics(list(names), "sim-bridge")
+        for c in cams:
+            if mujoco.mj_name2id(self.sim.model, mujoco.mjtObj.mjOBJ_CAMERA, c.name) < 0:
+                raise ConfigError(f"sim-bridge: the scene has no camera {c.name!r}")
+        if cams and not 0 < float(camera_hz) <= self.sim.spec.control_hz:
+            raise ConfigError(f"sim-bridge: camera_hz={camera_hz}; give a rate in (0, {self.sim.spec.control_hz:g}] "
+                              "(frames render in the control loop)")
+        if len(image_size) != 2 or min(int(v) for v in image_size) < 8:
+            raise ConfigError(f"sim-bridge: image_size={list(image_size)}; give [height, width], e.g. [240, 320]")
+        if image_type is not None:
+            if image_type not in IMAGE_TYPES:
+                raise ConfigError(f"sim-bridge: image_type={image_type!r}; choose image, compressed, or null "
+                                  "(each camera's ros2.cameras type)")
+            cams = tuple(dataclasses.replace(c, type=image_type) for c in cams)
+        return cams
 
     def _on_command(self, arm: ArmTopics, msg: Any) -> None:
         if arm.command_type == "trajectory":
@@ -60,7 +124,8 @@ class SimBridge:
                 self._command[i] = v
 
     def step(self) -> None:
-        """One control tick: apply the newest command, step, publish joint states."""
+        """One control tick: apply the newest command, step, publish joint states, and render and
+        publish the camera frames that are due."""
         with self._lock:
             command = self._command.copy()
         self.sim.act(command)
@@ -70,12 +135,56 @@ class SimBridge:
         for arm in self.config.arms:
             self._publish[arm.name](JointState(Header(stamp), list(arm.joints), [float(wire[i]) for i in arm.indices],
                                                [float(qvel[i]) for i in arm.indices], []))
+        for i, cam in enumerate(self.cameras):
+            if self.ticks >= self._due[i]:
+                self._due[i] += self._every
+                self._publish_frame[cam.name](self._frame_message(cam, self.render(cam.name), stamp))
+                self.frames_published += 1
+        self.ticks += 1
+
+    def render(self, camera: str) -> np.ndarray:
+        """The camera's view of the twin now, uint8 HWC RGB at image_size."""
+        if self._renderer is None:
+            self._renderer = mujoco.Renderer(self.sim.model, *self.image_size)
+        self._renderer.update_scene(self.sim.data, camera)
+        return self._renderer.render()
+
+    def _frame_message(self, cam: CameraTopic, rgb: np.ndarray, stamp: Time) -> Image | CompressedImage:
+        header = Header(stamp, cam.name)
+        if cam.type == "compressed":  # image_transport's format: an rgb8 image, JPEG-compressed
+            return CompressedImage(header, "rgb8; jpeg compressed bgr8", self._jpeg[cam.name].encode(rgb))
+        h, w = rgb.shape[:2]
+        return Image(header, h, w, "rgb8", 0, 3 * w, rgb.tobytes())
 
     def run(self, duration_s: float | None = None) -> None:
-        end = None if duration_s is None else time.monotonic() + duration_s
-        while end is None or time.monotonic() < end:
+        """Tick at the control rate in real time until `duration_s` (None: forever)."""
+        period = 1.0 / self.sim.spec.control_hz
+        start = time.perf_counter()
+        next_tick = start
+        while duration_s is None or time.perf_counter() - start < duration_s:
+            t0 = time.perf_counter()
             self.step()
+            self.tick_s.append(time.perf_counter() - t0)
+            next_tick += period
+            delay = next_tick - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            else:
+                next_tick = time.perf_counter()  # late: start the schedule afresh rather than rush to catch up
+
+    def tick_summary(self) -> str:
+        """The ticks' work time, for the line the CLI prints at exit."""
+        if not self.tick_s:
+            return "no ticks"
+        ms = np.asarray(self.tick_s) * 1e3
+        period = 1e3 / self.sim.spec.control_hz
+        return (f"{self.ticks} ticks, work (last {len(ms)}) p50 {np.percentile(ms, 50):.2f} / p99 {np.percentile(ms, 99):.2f} / "
+                f"max {ms.max():.2f} ms of a {period:.0f} ms period ({int((ms > period).sum())} over); "
+                f"{self.frames_published} camera frames")
 
     def close(self) -> None:
         self.transport.close()
+        if self._renderer is not None:
+            self._renderer.close()
+            self._renderer = None
         self.sim.close()

@@ -150,6 +150,11 @@ class TaskTwin:
     def connect(self) -> None:
         self.env.robot.connect()
 
+    def reset(self, seed: int) -> None:
+        """A new scene from `seed` (a new episode): the stage count starts again."""
+        self.env.reset(seed=seed)
+        self.max_stage = 0
+
     def observe(self):
         obs = self.env.robot.observe()
         obs.extra["obs/env_state"] = self.env.task.state(self.env.robot)

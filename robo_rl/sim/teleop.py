@@ -1,5 +1,7 @@
-"""A human operator in the twin: a teleop device (keyboard, gamepad) drives the arms' end
-effectors through inverse kinematics, and its keys or buttons are the RaC events.
+"""A human operator: a teleop device (keyboard, gamepad, SpaceMouse) drives the arms' end
+effectors through inverse kinematics on the twin's model, or leader arms give joint positions
+one to one; the keys or buttons are the RaC events. The robot may be the twin or real arms (the
+twin's model then only serves the kinematics).
 
 `TeleopOperator` is a `robo_rl.rac.Operator`, so the same `InterventionController` that drives
 the simulated operator drives a human: the human presses "take over" when failure looks
@@ -67,6 +69,13 @@ class TeleopOperator:
             self._start(last_command)
         qpos = commanded_qpos(self.robot, self.ik, self._command)
         for arm in ARMS:
+            if arm in self._input.joints:  # leader arms: joint positions one to one, no IK
+                q = self._input.joints[arm]
+                self._command[self._arm_slice[arm]] = q[:6]
+                self._command[self._grip_index[arm]] = q[6]
+                qpos[self.ik[arm].qadr] = q[:6]
+                self._targets[arm] = self.ik[arm].site_pose(qpos)
+                continue
             pos, rot = self._targets[arm]
             move = self._input.delta.get(arm)
             if move is not None:

@@ -42,6 +42,7 @@ class DdsTransport:
         self.participant = DomainParticipant(self.domain_id)
         self._topics: dict[str, Topic] = {}
         self._readers: list[DataReader] = []
+        self._listeners: list[Listener] = []
         self._lock = threading.Lock()
 
     def _topic(self, topic: str, msg_type: type) -> Topic:
@@ -69,15 +70,24 @@ class DdsTransport:
     def subscribe(self, topic: str, msg_type: type, callback: Callable[[Any], None], qos: str = "default") -> None:
         """Call `callback(msg)` for every message on `topic`, on the DDS listener thread."""
 
-        def on_data_available(reader: DataReader) -> None:
+        def on_data_available(reader: DataReader | None) -> None:
+            if reader is None:  # data that arrived as close() deleted the reader
+                return
             for sample in reader.take(N=64):
                 if isinstance(sample, msg_type):  # skip the "writer left" notifications
                     callback(sample)
 
-        reader = DataReader(self.participant, self._topic(topic, msg_type), qos=self._qos(qos),
-                            listener=Listener(on_data_available=on_data_available))
+        listener = Listener(on_data_available=on_data_available)
+        reader = DataReader(self.participant, self._topic(topic, msg_type), qos=self._qos(qos), listener=listener)
         self._readers.append(reader)  # a reader lives as long as a reference to it does
+        self._listeners.append(listener)
 
     def close(self) -> None:
+        # Detach the listeners first: that waits for a callback in progress, and none starts after.
+        # Otherwise the callback could drop a reader's last reference and delete the reader from
+        # inside its own listener, which blocks forever (seen with camera streams).
+        for reader in self._readers:
+            reader.set_listener(None)
         self._readers.clear()
+        self._listeners.clear()
         self._topics.clear()

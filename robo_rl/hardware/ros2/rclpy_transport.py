@@ -8,11 +8,14 @@ they are copied field by field, by name, into the rclpy class of the same ROS ty
 
 from __future__ import annotations
 
+import array
 import importlib
 import threading
 import typing
 from dataclasses import fields, is_dataclass
 from typing import Any, Callable
+
+from cyclonedds.idl.types import byte, uint8
 
 from robo_rl.errors import ConfigError
 
@@ -47,6 +50,8 @@ def to_ros(msg: Any) -> Any:
             value = to_ros(value)
         elif isinstance(value, list) and value and is_dataclass(value[0]):
             value = [to_ros(v) for v in value]
+        elif isinstance(value, (bytes, bytearray, memoryview)):
+            value = array.array("B", value)  # a uint8[] (image data): rclpy takes an array without checking each byte
         setattr(out, f.name, value)
     return out
 
@@ -61,6 +66,8 @@ def from_ros(rmsg: Any, cls: type) -> Any:
             value = from_ros(value, f.type)
         elif item is not None and is_dataclass(item):
             value = [from_ros(v, item) for v in value]
+        elif item in (uint8, byte):
+            value = bytes(value)  # our uint8[] fields hold bytes (image data); rclpy's array.array('B') copies in one go
         elif isinstance(value, (bytes, bytearray)) or hasattr(value, "tolist"):
             value = list(value)
         values[f.name] = value

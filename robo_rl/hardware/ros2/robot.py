@@ -7,10 +7,15 @@ tick) or std_msgs/Float64MultiArray (a forward position controller). `joints` na
 joints as the robot calls them, in our action order. Grippers travel as finger positions (metres),
 converted with the gripper mapping of the robot description.
 
-`observe()` returns the newest joint state of every arm and `last_update` is when the oldest of
-them arrived (this process's monotonic clock): the Controller's watchdog stops commanding when
-it gets old. `act()` publishes the command and returns it; safety is the caller's
-(`robo_rl.hardware.safety.SafetyFilter`, which the Controller applies before `act`).
+Per camera (`ros2.cameras`): a sensor_msgs/Image (rgb8, bgr8, mono8) or CompressedImage (JPEG,
+PNG) topic, read with sensor QoS and decoded to uint8 HWC RGB on arrival.
+
+`observe()` returns the newest joint state of every arm and the newest frame of every camera it
+was asked for; `last_update` is when the oldest joint state arrived (this process's monotonic
+clock): the Controller's watchdog stops commanding when it gets old. `camera_age_s()` says how
+old each camera's newest frame is, for a caller that warns on stale frames. `act()` publishes
+the command and returns it; safety is the caller's (`robo_rl.hardware.safety.SafetyFilter`,
+which the Controller applies before `act`).
 """
 
 from __future__ import annotations
@@ -19,16 +24,18 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from robo_rl.data.rosbag import rgb_from_message
 from robo_rl.errors import ConfigError
 from robo_rl.hardware.robot import Observation, RobotSpec, read_robot_yaml
-from robo_rl.hardware.ros2.messages import (Duration, Float64MultiArray, Header, JointState, JointTrajectory,
-                                            JointTrajectoryPoint, Time)
+from robo_rl.hardware.ros2.messages import (CompressedImage, Duration, Float64MultiArray, Header, Image, JointState,
+                                            JointTrajectory, JointTrajectoryPoint, Time)
 
 COMMAND_TYPES = {"trajectory": JointTrajectory, "forward": Float64MultiArray}
+IMAGE_TYPES = {"image": Image, "compressed": CompressedImage}
 
 
 @dataclass(frozen=True)
@@ -42,9 +49,28 @@ class ArmTopics:
 
 
 @dataclass(frozen=True)
+class CameraTopic:
+    name: str   # a camera of the robot description's `cameras:`
+    topic: str
+    type: str   # image (sensor_msgs/Image) | compressed (sensor_msgs/CompressedImage)
+
+
+@dataclass(frozen=True)
 class Ros2Config:
     domain_id: int
     arms: tuple[ArmTopics, ...]
+    cameras: tuple[CameraTopic, ...] = ()
+
+    def camera_topics(self, names: Sequence[str] | None, who: str) -> tuple[CameraTopic, ...]:
+        """The configured cameras called `names` (None: all); `who` asks, for the error."""
+        by_name = {c.name: c for c in self.cameras}
+        if names is None:
+            return self.cameras
+        unknown = [n for n in names if n not in by_name]
+        if unknown:
+            raise ConfigError(f"{who}: camera(s) {unknown} have no topic in the robot's ros2.cameras "
+                              f"(it has {sorted(by_name) or 'none'})")
+        return tuple(by_name[n] for n in names)
 
     @classmethod
     def from_yaml(cls, robot: str | Path, spec: RobotSpec) -> "Ros2Config":
@@ -70,7 +96,46 @@ class Ros2Config:
             used += indices
         if sorted(used) != list(range(spec.action_dim)):
             raise ConfigError(f"{path}: ros2.arms cover action indices {sorted(used)}, not all {spec.action_dim}")
-        return cls(int(d.get("domain_id", 0)), tuple(arms))
+        return cls(int(d.get("domain_id", 0)), tuple(arms), _cameras_from_yaml(path, d.get("cameras"), spec))
+
+
+def _cameras_from_yaml(path: Path, cameras: Any, spec: RobotSpec) -> tuple[CameraTopic, ...]:
+    """The `ros2.cameras:` mapping (camera -> {topic, type}), checked against the description's cameras."""
+    if cameras is None:
+        return ()
+    if not isinstance(cameras, dict):
+        raise ConfigError(f"{path}: ros2.cameras is a mapping of camera name to {{topic, type}}, "
+                          f"not a {type(cameras).__name__}")
+    known = [c.name for c in spec.cameras]
+    out: list[CameraTopic] = []
+    for name, c in cameras.items():
+        where = f"{path}: ros2.cameras.{name}"
+        if name not in known:
+            raise ConfigError(f"{where}: {spec.name} has no camera {name!r}; its cameras (`cameras:`) are {known}")
+        if not isinstance(c, dict):
+            raise ConfigError(f"{where} is a mapping {{topic: /..., type: image|compressed}}, not {c!r}")
+        extra = sorted(set(c) - {"topic", "type"})
+        if extra:
+            raise ConfigError(f"{where}: unknown key(s) {extra}; a camera has topic and type")
+        topic, kind = c.get("topic"), c.get("type", "image")
+        if not isinstance(topic, str) or not topic.strip("/"):
+            raise ConfigError(f"{where}.topic={topic!r}; give the ROS topic its frames arrive on, e.g. /cam_high/image_raw")
+        if kind not in IMAGE_TYPES:
+            raise ConfigError(f"{where}.type={kind!r}; choose image (sensor_msgs/Image) or compressed "
+                              "(sensor_msgs/CompressedImage)")
+        if topic in [o.topic for o in out]:
+            raise ConfigError(f"{where}.topic={topic} is another camera's topic too; one topic per camera")
+        out.append(CameraTopic(name, topic, kind))
+    return tuple(out)
+
+
+def resize_rgb(img: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """An HWC RGB frame resized to (height, width): area averaging (swscale, through PyAV)."""
+    import av
+
+    h, w = size
+    frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(img), format="rgb24")
+    return frame.reformat(width=w, height=h, interpolation="AREA").to_ndarray()
 
 
 def to_wire(spec: RobotSpec, action: np.ndarray) -> np.ndarray:
@@ -90,9 +155,17 @@ class Ros2Robot:
     """Implements robo_rl.hardware.robot.Robot over a transport (DdsTransport here; rclpy's where
     ROS 2 is installed)."""
 
-    def __init__(self, robot: str | Path = "aloha", transport: Any = None, config: Ros2Config | None = None):
+    def __init__(self, robot: str | Path = "aloha", transport: Any = None, config: Ros2Config | None = None,
+                 cameras: Sequence[str] | None = None, image_sizes: Mapping[str, tuple[int, int]] | None = None):
+        """`cameras`: the ones to read. Named ones are required: connect() waits for a frame from
+        each. None reads every camera in ros2.cameras without waiting (each joins observe().images
+        with its first frame), so a robot or `sim-bridge` without cameras still connects; [] reads none.
+        `image_sizes`: camera -> (height, width) its frames are resized to (default: as they come)."""
         self.spec = RobotSpec.from_yaml(robot)
         self.config = config or Ros2Config.from_yaml(robot, self.spec)
+        self.cameras = self.config.camera_topics(cameras, "Ros2Robot")
+        self._required_cameras = () if cameras is None else self.cameras
+        self.image_sizes = {k: (int(v[0]), int(v[1])) for k, v in (image_sizes or {}).items()}
         self.transport = transport
         self._lock = threading.Lock()
         self._qpos = np.full(self.spec.action_dim, np.nan)
@@ -100,6 +173,10 @@ class Ros2Robot:
         self._arrived: dict[str, float | None] = {arm.name: None for arm in self.config.arms}
         self._stamp = 0.0
         self._publish: dict[str, Any] = {}
+        self._frames: dict[str, np.ndarray] = {}
+        self._frame_arrived: dict[str, float] = {}
+        self.bad_frames: dict[str, int] = {c.name: 0 for c in self.cameras}  # frames that arrived but did not decode
+        self._bad_reason: dict[str, str] = {}
         self.period = 1.0 / self.spec.control_hz
 
     # ------------------------------------------------------------------ Robot protocol
@@ -112,13 +189,23 @@ class Ros2Robot:
             self.transport.subscribe(arm.joint_states, JointState, lambda msg, arm=arm: self._on_state(arm, msg),
                                      qos="sensor")
             self._publish[arm.name] = self.transport.publisher(arm.command, COMMAND_TYPES[arm.command_type])
+        for cam in self.cameras:
+            self.transport.subscribe(cam.topic, IMAGE_TYPES[cam.type], lambda msg, cam=cam: self._on_frame(cam, msg),
+                                     qos="sensor")
         deadline = time.monotonic() + timeout_s
-        while self.last_update is None:
+        domain = getattr(self.transport, "domain_id", self.config.domain_id)
+        while self.last_update is None or self._waiting_for_frames():
             if time.monotonic() > deadline:
                 missing = [a.joint_states for a in self.config.arms if self._arrived[a.name] is None]
-                raise ConfigError(f"no joint states on {', '.join(missing)} within {timeout_s:.0f} s "
-                                  f"(ROS domain {getattr(self.transport, 'domain_id', self.config.domain_id)}): "
-                                  "is the robot (or `robo-rl sim-bridge`) up?")
+                if missing:
+                    raise ConfigError(f"no joint states on {', '.join(missing)} within {timeout_s:.0f} s "
+                                      f"(ROS domain {domain}): is the robot (or `robo-rl sim-bridge`) up?")
+                waiting = self._waiting_for_frames()
+                bad = "".join(f"; {self.bad_frames[c.name]} {c.name} frame(s) did not decode: {self._bad_reason[c.name]}"
+                              for c in waiting if self.bad_frames[c.name])
+                raise ConfigError(f"no camera frames on {', '.join(f'{c.topic} ({c.name})' for c in waiting)} within "
+                                  f"{timeout_s:.0f} s (ROS domain {domain}): are the cameras (or `robo-rl sim-bridge "
+                                  f"cameras=[{','.join(c.name for c in waiting)}]`) up?{bad}")
             time.sleep(0.01)
 
     @property
@@ -128,9 +215,22 @@ class Ros2Robot:
             times = list(self._arrived.values())
         return None if any(t is None for t in times) else min(times)
 
+    def _waiting_for_frames(self) -> list[CameraTopic]:
+        with self._lock:
+            return [c for c in self._required_cameras if c.name not in self._frames]
+
+    def camera_age_s(self) -> dict[str, float]:
+        """Seconds since each camera's newest frame arrived (inf before its first)."""
+        now = time.monotonic()
+        with self._lock:
+            return {c.name: now - self._frame_arrived[c.name] if c.name in self._frame_arrived else float("inf")
+                    for c in self.cameras}
+
     def observe(self) -> Observation:
         with self._lock:  # timestamp: the robot's own stamp on its newest joint state
-            return Observation(self._qpos.astype(np.float32), self._qvel.astype(np.float32), {}, self._stamp)
+            # frames are replaced whole on arrival, never written into: a shallow copy is a snapshot
+            return Observation(self._qpos.astype(np.float32), self._qvel.astype(np.float32), dict(self._frames),
+                               self._stamp)
 
     def act(self, action: np.ndarray) -> np.ndarray:
         a = np.asarray(action, dtype=np.float64).reshape(-1)
@@ -150,6 +250,22 @@ class Ros2Robot:
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
+
+    def _on_frame(self, cam: CameraTopic, msg: Any) -> None:
+        """On the transport's thread: decode (and resize) now, so observe() costs nothing."""
+        try:
+            rgb = rgb_from_message(msg)
+            size = self.image_sizes.get(cam.name)
+            if size is not None and rgb.shape[:2] != size:
+                rgb = resize_rgb(rgb, size)
+        except Exception as e:  # noqa: BLE001 - a bad frame on the wire is counted and reported, never raised on DDS's thread
+            with self._lock:
+                self.bad_frames[cam.name] += 1
+                self._bad_reason[cam.name] = str(e)
+            return
+        with self._lock:
+            self._frames[cam.name] = rgb
+            self._frame_arrived[cam.name] = time.monotonic()
 
     def _on_state(self, arm: ArmTopics, msg: JointState) -> None:
         pos = dict(zip(msg.name, msg.position))

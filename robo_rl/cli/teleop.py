@@ -1,0 +1,241 @@
+"""robo-rl teleop: a human drives the arms (the twin or ROS 2 arms) from a teleop device through
+the fixed-rate Controller, its safety filter and watchdog. No recording: `robo-rl record` adds it.
+
+The pieces here are shared with robo-rl record: the robot (`open_robot`), the device
+(`open_device`), and the terminal's keys (`SessionKeys`: the space bar trips the e-stop, record's
+episode keys are taken out, the rest go to the keyboard device).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+
+from robo_rl.cli.app import run_app
+from robo_rl.cli.tables import print_table
+from robo_rl.errors import ConfigError
+
+DEVICES = ("keyboard", "gamepad", "pygame", "spacemouse", "leader")
+
+
+def main(argv: list[str]) -> int:
+    return run_app("teleop", "teleop", run, argv)
+
+
+@dataclass
+class OpenRobot:
+    robot: Any              # implements robo_rl.hardware.robot.Robot
+    kinematics: Any         # a MuJoCo model of the arms for the devices' end-effector moves (IK)
+    hardware: str           # the robot description its safety limits come from
+    twin: Any = None        # robot=sim: the BimanualEnv (task stage, reset, viewer)
+    transport: Any = None   # ROS 2: the transport, shared with leader arms and the e-stop topic
+
+
+def open_robot(cfg: DictConfig, cameras: Sequence[str] = (), image_size: Sequence[int] = (240, 320)) -> OpenRobot:
+    """robot=sim: the twin of cfg.task in this process; otherwise hardware/<robot>.yaml over ROS 2."""
+    if cfg.robot == "sim":
+        from robo_rl.sim.envs import BimanualEnv, TaskTwin
+        from robo_rl.sim.tasks import TASKS
+
+        if cfg.task not in TASKS:
+            raise ConfigError(f"task={cfg.task!r} unknown; tasks are {sorted(TASKS)}")
+        env = BimanualEnv(str(cfg.task), obs_mode="state+pixels" if cameras else "state", cameras=list(cameras),
+                          image_size=tuple(image_size))
+        env.reset(seed=int(cfg.seed))
+        return OpenRobot(TaskTwin(env), env, env.robot.spec.name, twin=env)
+    from robo_rl.hardware.ros2.rclpy_transport import make_transport
+    from robo_rl.hardware.ros2.robot import Ros2Robot
+    from robo_rl.sim.robot import SimRobot
+
+    robot = Ros2Robot(str(cfg.robot), cameras=list(cameras), image_sizes={c: tuple(image_size) for c in cameras})
+    domain = robot.config.domain_id if cfg.domain_id is None else int(cfg.domain_id)
+    robot.transport = make_transport(domain, str(cfg.transport))
+    # the twin's model, never stepped: inverse kinematics for end-effector devices
+    kinematics = SimRobot("aloha.xml", robot=str(cfg.robot), cameras=[])
+    return OpenRobot(robot, kinematics, str(cfg.robot), transport=robot.transport)
+
+
+@dataclass
+class SessionKeys:
+    """The terminal's keys, read once per tick: `episode_keys` are queued for the session, the space
+    bar trips `estop`, and the rest go to the keyboard device (moves, grippers, RaC events)."""
+
+    estop: Any = None
+    episode_keys: str = ""
+    keyboard: Any = None         # a KeyboardTeleop fed from here (its own `source` is None)
+    pending: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        from robo_rl.hardware.teleop import TerminalKeys
+
+        self._lock = threading.Lock()
+        self.terminal = TerminalKeys() if sys.stdin.isatty() else None
+
+    def pump(self) -> None:
+        if self.terminal is None:
+            return
+        for key in self.terminal.read():
+            if key == " " and self.estop is not None:
+                self.estop.trip("space bar")
+            elif key.lower() in self.episode_keys:
+                with self._lock:
+                    self.pending.append(key.lower())
+            elif self.keyboard is not None:
+                self.keyboard.press(key)
+
+    def take(self) -> list[str]:
+        with self._lock:
+            out, self.pending = self.pending, []
+        return out
+
+    def close(self) -> None:
+        if self.terminal is not None:
+            self.terminal.close()
+
+
+class _WithKeys:
+    """A device whose `poll` first lets the session read the terminal (so keyboard presses reach
+    the keyboard device in the same tick) and adds the keyboard's RaC events to its own input."""
+
+    def __init__(self, device: Any, keys: SessionKeys):
+        self.device, self.keys, self.name = device, keys, device.name
+
+    def __getattr__(self, name: str) -> Any:  # the device's own state (e.g. `gripper`) shows through
+        return getattr(self.device, name)
+
+    def poll(self) -> Any:
+        self.keys.pump()
+        out = self.device.poll()
+        if self.keys.keyboard is not None and self.keys.keyboard is not self.device:
+            out.events += self.keys.keyboard.poll().events
+        return out
+
+    def close(self) -> None:
+        self.device.close()
+        if self.keys.keyboard is not None and self.keys.keyboard is not self.device:
+            self.keys.keyboard.close()
+
+
+def open_device(cfg: DictConfig, opened: OpenRobot, keys: SessionKeys) -> Any:
+    """The teleop device named by cfg.teleop, wired to the session's keys."""
+    from robo_rl.hardware.teleop import KeyboardTeleop, make_teleop
+
+    kind = str(cfg.teleop)
+    if kind not in DEVICES:
+        raise ConfigError(f"teleop={kind!r}; choose one of {', '.join(DEVICES)}")
+    options = OmegaConf.to_container(cfg.device, resolve=True) if cfg.get("device") else {}
+    if kind == "keyboard":
+        if keys.terminal is None:
+            raise ConfigError("teleop=keyboard needs a terminal (stdin is not a TTY); run it in a terminal")
+        keys.keyboard = KeyboardTeleop(step_m=float(options.get("step_m", 0.005)))
+        return _WithKeys(keys.keyboard, keys)
+    # the keyboard still signals the RaC events (t / r / c) next to any other device
+    keys.keyboard = KeyboardTeleop()
+    if kind == "leader":
+        from robo_rl.hardware.ros2.leader import LeaderArms
+
+        transport, owns = opened.transport, False
+        if transport is None:  # the twin in this process, the leader arms on ROS 2
+            from robo_rl.hardware.ros2.rclpy_transport import make_transport
+
+            transport, owns = make_transport(0 if cfg.domain_id is None else int(cfg.domain_id), str(cfg.transport)), True
+        leader = LeaderArms(opened.hardware, transport=transport, owns_transport=owns)
+        leader.connect(timeout_s=float(options.get("timeout_s", 5.0)))
+        return _WithKeys(leader, keys)
+    return _WithKeys(make_teleop(kind, **options), keys)
+
+
+def timing_rows(s: dict[str, Any]) -> list[list[str]]:
+    """The Controller's timing and safety rows (shared by teleop, record and replay)."""
+    return [["ticks", str(s["ticks"])],
+            ["tick period p50 / p99 / max", f"{s['period_p50_ms']:.2f} / {s['period_p99_ms']:.2f} / {s['period_max_ms']:.2f} ms"],
+            ["overruns (a tick > 1 period late)", str(s["overruns"])],
+            ["watchdog holds / stops", f"{s['watchdog_holds']} / {s['watchdog_stops']}"],
+            ["safety: nonfinite, position, gripper, step, velocity",
+             ", ".join(str(s.get(k, 0)) for k in ("nonfinite", "position_limit", "gripper_range", "step_limit",
+                                                  "velocity_limit"))]]
+
+
+class TwinViewer:
+    """The MuJoCo viewer on the twin when a display is available (keys typed into it reach the
+    keyboard device); a no-op otherwise."""
+
+    def __init__(self, opened: OpenRobot, keys: SessionKeys):
+        self.viewer = None
+        if opened.twin is not None and (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+            import mujoco.viewer
+
+            def on_key(code: int) -> None:
+                if keys.keyboard is not None and 32 <= code < 127:
+                    keys.keyboard.press(chr(code))
+
+            robot = opened.twin.robot
+            self.viewer = mujoco.viewer.launch_passive(robot.model, robot.data, key_callback=on_key)
+
+    def sync(self) -> None:
+        if self.viewer is not None:
+            self.viewer.sync()
+
+    def close(self) -> None:
+        if self.viewer is not None:
+            self.viewer.close()
+
+
+def safety_for(opened: OpenRobot) -> tuple[Any, Any, Any]:
+    """(SafetyFilter, Watchdog, EStop) from the robot description's `safety:` section."""
+    from robo_rl.hardware.safety import EStop, SafetyConfig, SafetyFilter, Watchdog
+
+    cfg = SafetyConfig.from_yaml(opened.hardware)
+    return SafetyFilter(opened.robot.spec, cfg), Watchdog(cfg), EStop()
+
+
+def run(cfg: DictConfig) -> int:
+    from robo_rl.runtime.controller import Controller, ControllerConfig
+    from robo_rl.runtime.sources import OperatorCommands
+    from robo_rl.sim.teleop import TeleopOperator
+
+    opened = open_robot(cfg)
+    safety, watchdog, estop = safety_for(opened)
+    keys = SessionKeys(estop=estop)
+    device = viewer = None
+    try:
+        opened.robot.connect()
+        device = open_device(cfg, opened, keys)
+        operator = TeleopOperator(opened.kinematics, device)
+        viewer = TwinViewer(opened, keys)
+        hz = opened.robot.spec.control_hz
+        ticks = [0]
+
+        def each_tick(obs: Any, command: Any) -> None:
+            viewer.sync()
+            ticks[0] += 1
+            if ticks[0] % int(hz // 2) == 0:
+                where = ""
+                if opened.twin is not None:
+                    env = opened.twin
+                    where = f" | stage {env.task.stage_names[env.task.stage(env.robot)]}"
+                print(f"\rteleop {device.name} | {ticks[0] / hz:6.1f} s{where}   ", end="", flush=True)
+
+        print(f"teleop {cfg.teleop} on {cfg.robot} at {hz:.0f} Hz (space: e-stop; Ctrl-C ends)", flush=True)
+        controller = Controller(opened.robot, OperatorCommands(operator), ControllerConfig(hz=hz), safety=safety,
+                                watchdog=watchdog, estop=estop, on_record=each_tick)
+        report = controller.run(None if cfg.duration is None else float(cfg.duration))
+        print()
+    finally:
+        keys.close()
+        if viewer is not None:
+            viewer.close()
+        if device is not None:
+            device.close()
+        opened.robot.close()
+    s = report.summary()
+    print_table(f"teleop {cfg.teleop} on {cfg.robot}", ["measure", "value"], timing_rows(s))
+    if s["stopped_reason"]:
+        print(f"stopped: {s['stopped_reason']}")
+        return 1
+    return 0
