@@ -18,10 +18,12 @@ class PtySession:
         self.master, slave = pty.openpty()
         env = {**os.environ, "MUJOCO_GL": "egl", "TQDM_DISABLE": "1", **(env or {})}
         env.pop("DISPLAY", None)  # no viewer window in tests
+        # its own process group, as a shell gives a foreground job: Ctrl-C goes to the whole group
         self.proc = subprocess.Popen([sys.executable, "-m", "robo_rl.cli.main", *args], stdin=slave, stdout=slave,
-                                     stderr=slave, env=env, cwd=cwd, close_fds=True)
+                                     stderr=slave, env=env, cwd=cwd, close_fds=True, start_new_session=True)
         os.close(slave)
         self.output = ""
+        self._seen = 0  # expect() searches only past its previous match
 
     def read(self, timeout_s: float = 0.1) -> str:
         end = time.monotonic() + timeout_s
@@ -40,10 +42,12 @@ class PtySession:
         return self.output
 
     def expect(self, pattern: str, timeout_s: float = 60.0) -> re.Match:
+        """The next match of `pattern` after the previous expect()'s, waiting for the output."""
         end = time.monotonic() + timeout_s
         while time.monotonic() < end:
-            m = re.search(pattern, self.read(0.2))
+            m = re.compile(pattern).search(self.read(0.2), self._seen)
             if m:
+                self._seen = m.end()
                 return m
             if self.proc.poll() is not None:
                 self.read(0.2)
@@ -56,7 +60,8 @@ class PtySession:
             time.sleep(gap_s)
 
     def interrupt(self) -> None:
-        self.proc.send_signal(signal.SIGINT)
+        """Ctrl-C as a terminal sends it: SIGINT to every process of the foreground group."""
+        os.killpg(self.proc.pid, signal.SIGINT)
 
     def wait(self, timeout_s: float = 60.0) -> int:
         end = time.monotonic() + timeout_s

@@ -30,17 +30,15 @@ def test_ctrl_c_during_record_keeps_every_finished_episode(tmp_path):
         s.expect("episode 1: press n to start")
         s.send("n")
         s.expect("episode 1: recording")
-        time.sleep(0.5)
-        s.send("f")
-        s.expect("episode 1: saved as 1")
-        s.send("n")
-        s.expect("episode 2: recording")
         s.send("x")  # discarded: never stored
-        s.expect("episode 2: discarded")
+        s.expect("episode 1: discarded")
         s.send("n")
+        s.expect("episode 1: recording")
+        time.sleep(1.5)
+        s.send("fn")  # end it as a failure and start the next one at once, its commit still under way
+        s.expect("episode 1: saved as 1")
         s.expect("episode 2: recording")
-        time.sleep(0.5)
-        s.interrupt()  # Ctrl-C in the middle of an episode
+        s.interrupt()  # Ctrl-C (to the whole process group, as a terminal sends it) in the middle of an episode
         assert s.wait() == 0
     finally:
         s.close()
@@ -92,3 +90,16 @@ def test_record_interventions_on_a_policy_with_the_rac_keys(tmp_path, checkpoint
         first = {lab: int(np.argmax(seg == lab)) for lab in labels}
         assert first[labels[0]] < first[labels[1]] < first[labels[2]]  # policy, then recovery, then correction
         assert seg[-1] == int(Segment.CORRECTION)  # nothing after the correction (RaC's END)
+
+
+def test_record_and_teleop_refuse_bad_input_in_one_line(tmp_path):
+    cases = [(("record", f"out={tmp_path}/a", "teleop=joystick"), "teleop='joystick'; choose one of keyboard, gamepad"),
+             (("record", f"out={tmp_path}/a", "episode_s=null"), "episode_s=None; give an episode's time limit"),
+             (("record", f"out={tmp_path}/a", "mode=dagger"), "mode='dagger'; choose rac or hg_dagger"),
+             (("record",), "pass out=PATH"),
+             (("teleop", "robot=aloha", "teleop=joystick"), "teleop='joystick'; choose one of"),
+             (("record", f"out={tmp_path}/a"), "the episode keys need a terminal")]
+    for args, message in cases:
+        r = robo_rl_cli(*args, timeout=60)
+        assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+    assert not (tmp_path / "a").exists()  # nothing was created for a refused session

@@ -17,40 +17,47 @@ def main(argv: list[str]) -> int:
 
 
 def make_robot(cfg: DictConfig, policy: Any, task: str | None) -> tuple[Any, str]:
-    """(the robot, the hardware description its safety limits come from)."""
-    shapes = policy.shapes
-    if cfg.robot == "sim":
-        from robo_rl.sim.envs import BimanualEnv, TaskTwin
-        from robo_rl.sim.tasks import TASKS
+    """(the robot, the hardware description its safety limits come from), with the cameras the
+    policy sees at its image size."""
+    from robo_rl.cli.teleop import open_robot
 
-        if task not in TASKS:
-            raise ConfigError(f"deploy: task={task!r} unknown; tasks are {sorted(TASKS)}")
-        cams = [k.rsplit("/", 1)[-1] for k in shapes.images]
-        size = next(iter(shapes.images.values()), (240, 320))
-        env = BimanualEnv(task, obs_mode="state+pixels" if cams else "state", cameras=cams, image_size=tuple(size))
-        env.reset(seed=int(cfg.seed))
-        return TaskTwin(env), env.robot.spec.name  # the twin keeps the real arms' limits
-    from robo_rl.hardware.ros2.robot import Ros2Config, Ros2Robot
+    shapes = policy.shapes
+    if cfg.robot != "sim":
+        policy_inputs_on_robot("deploy", str(cfg.robot), shapes)
+    cams = sorted(k.rsplit("/", 1)[-1] for k in shapes.images)
+    size = tuple(next(iter(shapes.images.values()), (240, 320)))
+    opened = open_robot(cfg, cams, size, task=task)
+    return opened.robot, opened.hardware
+
+
+def controller_config(policy: Any, chunking: dict, hz: float) -> Any:
+    """The Controller's settings for a checkpoint's policy: its window and its chunk schedule."""
+    from robo_rl.runtime.controller import ControllerConfig
+
+    return ControllerConfig(hz=hz, n_obs=policy.config.n_obs,
+                            n_action_steps=int(chunking.get("n_action_steps", policy.config.n_action_steps)),
+                            blend_steps=int(chunking.get("blend_steps", 4)))
+
+
+def policy_inputs_on_robot(verb: str, robot: str, shapes: Any) -> tuple[Any, dict[str, tuple[int, int]]]:
+    """(the robot's Ros2Config, camera -> the policy's image size) if the ROS 2 robot gives every
+    observation the policy needs; a one-line error naming what is missing otherwise."""
+    from robo_rl.hardware.robot import RobotSpec
+    from robo_rl.hardware.ros2.robot import Ros2Config
 
     unsupported = [k for k in shapes.lowdim if k != "obs/qpos"]
     if unsupported:
-        raise ConfigError(f"deploy: the policy needs {unsupported}, which robot={cfg.robot} does not provide over ROS 2 "
+        raise ConfigError(f"{verb}: the policy needs {unsupported}, which robot={robot} does not provide over ROS 2 "
                           "(obs/env_state exists only in the twin); train on obs_keys=[obs/qpos] for real arms")
-    from robo_rl.hardware.robot import RobotSpec
-    from robo_rl.hardware.ros2.rclpy_transport import make_transport
-
     # camera keys obs/images/<cam>: read from the robot's ros2.cameras, resized to what the policy saw in training
     sizes = {k.rsplit("/", 1)[-1]: tuple(v) for k, v in shapes.images.items()}
-    ros = Ros2Config.from_yaml(str(cfg.robot), RobotSpec.from_yaml(str(cfg.robot)))
+    ros = Ros2Config.from_yaml(robot, RobotSpec.from_yaml(robot))
     missing = sorted(set(sizes) - {c.name for c in ros.cameras})
     if missing:
-        raise ConfigError(f"deploy: the policy needs camera(s) {missing}, which robot={cfg.robot} has no ros2.cameras "
+        raise ConfigError(f"{verb}: the policy needs camera(s) {missing}, which robot={robot} has no ros2.cameras "
                           f"topic for (it has {sorted(c.name for c in ros.cameras) or 'none'}); add them to "
-                          f"hardware/{cfg.robot}.yaml or train without those image keys")
-    robot = Ros2Robot(str(cfg.robot), config=ros, cameras=sorted(sizes), image_sizes=sizes)
-    domain = robot.config.domain_id if cfg.domain_id is None else int(cfg.domain_id)
-    robot.transport = make_transport(domain, str(cfg.transport))
-    return robot, str(cfg.robot)
+                          f"hardware/{robot}.yaml or train without those image keys")
+    return ros, sizes
 
 
 def watch_estop_key(estop: Any) -> Any:
@@ -82,7 +89,7 @@ def run(cfg: DictConfig) -> int:
     from robo_rl.cli.eval import predictor
     from robo_rl.hardware.safety import EStop, SafetyConfig, SafetyFilter, Watchdog
     from robo_rl.policies import load_policy, read_checkpoint
-    from robo_rl.runtime.controller import Controller, ControllerConfig, observation_window
+    from robo_rl.runtime.controller import Controller, observation_window
 
     if not cfg.checkpoint:
         raise ConfigError("deploy: pass checkpoint=PATH (a policy trained with robo-rl train)")
@@ -91,10 +98,7 @@ def run(cfg: DictConfig) -> int:
     robot, hardware = make_robot(cfg, policy, cfg.task or ckpt.get("task"))
     robot.connect()
     safety_cfg = SafetyConfig.from_yaml(hardware)
-    chunking = ckpt.get("chunking") or {}
-    ctl_cfg = ControllerConfig(hz=robot.spec.control_hz, n_obs=policy.config.n_obs,
-                               n_action_steps=int(chunking.get("n_action_steps", policy.config.n_action_steps)),
-                               blend_steps=int(chunking.get("blend_steps", 4)))
+    ctl_cfg = controller_config(policy, ckpt.get("chunking") or {}, robot.spec.control_hz)
     duration = cfg.duration
     if duration is None:
         duration = robot.env.max_steps / robot.spec.control_hz if cfg.robot == "sim" else 30.0

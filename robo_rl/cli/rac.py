@@ -13,12 +13,13 @@ from omegaconf import DictConfig, OmegaConf
 from robo_rl.cli.app import run_app
 from robo_rl.cli.tables import print_table
 from robo_rl.errors import ConfigError
+from robo_rl.hardware.teleop import TELEOP_KINDS
 
 # no_new_data is the control: the same fine-tuning on the pre-training demos alone (0 operator
 # samples, one round: every round starts from the checkpoint, so more rounds would repeat it). The
 # other methods' gain over it is what their data bought, not the extra training steps.
 METHODS = ("rac", "hg_dagger", "demos", "no_new_data")
-OPERATORS = ("sim", "keyboard", "gamepad", "pygame", "spacemouse")  # the simulated operator, or a human on a teleop device
+OPERATORS = ("sim", *TELEOP_KINDS)  # the simulated operator, or a human on a teleop device
 OWN_COMPOSITION = {"rac": "rac", "hg_dagger": "hg_dagger", "demos": "all", "no_new_data": "all"}
 LABELS = {"rac": "RaC", "hg_dagger": "HG-DAgger", "demos": "more expert demos", "no_new_data": "fine-tune, no new data",
           "base": "pre-trained"}

@@ -17,8 +17,9 @@ import numpy as np
 from omegaconf import DictConfig
 
 from robo_rl.cli.app import run_app
+from robo_rl.cli.deploy import policy_inputs_on_robot
 from robo_rl.cli.tables import print_table
-from robo_rl.cli.teleop import SessionKeys, TwinViewer, open_device, open_robot, safety_for
+from robo_rl.cli.teleop import SessionKeys, TwinViewer, check_device, open_device, open_robot, safety_for
 from robo_rl.errors import ConfigError
 
 EPISODE_KEYS = "nyfx"
@@ -72,16 +73,14 @@ class Policy:
                              stage)
 
 
-def wait_for_start(keys: SessionKeys, auto: bool) -> bool:
-    """True when the next episode should start (n pressed, or auto); False if x/q-like keys ask
-    nothing. Blocks, reading the terminal; Ctrl-C propagates."""
-    if auto:
-        return True
-    while True:
+def wait_for_start(keys: SessionKeys, estop: Any) -> bool:
+    """Blocks, reading the terminal, until n is pressed (True) or the e-stop trips (False)."""
+    while not estop.tripped:
         keys.pump()
         if "n" in keys.take():
             return True
         time.sleep(0.02)
+    return False
 
 
 def run(cfg: DictConfig) -> int:
@@ -95,13 +94,26 @@ def run(cfg: DictConfig) -> int:
         raise ConfigError("record: pass out=PATH (the episode store to create or append to)")
     if cfg.mode not in ("rac", "hg_dagger"):
         raise ConfigError(f"record: mode={cfg.mode!r}; choose rac or hg_dagger")
+    if cfg.episode_s is None or float(cfg.episode_s) <= 0:
+        raise ConfigError(f"record: episode_s={cfg.episode_s!r}; give an episode's time limit in seconds (> 0)")
+    check_device(cfg)
     policy = Policy(cfg) if cfg.checkpoint else None
     cameras = list(cfg.cameras) if cfg.cameras is not None else (policy.cameras if policy else [])
     image_size = tuple(int(x) for x in (cfg.image_size or (policy.image_size if policy else (240, 320))))
-    if policy is not None and cfg.robot == "sim" and not cfg.task:
-        cfg.task = policy.task
+    if policy is not None:
+        if cfg.task and policy.task and cfg.task != policy.task and cfg.robot == "sim":
+            raise ConfigError(f"record: task={cfg.task} but the policy was trained on {policy.task}; drop task= to use "
+                              "the policy's")
+        cfg.task = cfg.task or policy.task
+        if sorted(cameras) != sorted(policy.cameras) or (policy.cameras and image_size != policy.image_size):
+            raise ConfigError(f"record: the policy sees cameras {policy.cameras} at {list(policy.image_size)}; "
+                              f"cameras={cameras} image_size={list(image_size)} differ (leave both unset)")
+        if cfg.robot != "sim":
+            policy_inputs_on_robot("record", str(cfg.robot), policy.policy.shapes)
+    elif cfg.robot == "sim" and not cfg.task:
+        cfg.task = "transfer_cube"
     opened = open_robot(cfg, cameras, image_size)
-    safety, watchdog, estop = safety_for(opened)
+    _, _, estop = safety_for(opened)
     keys = SessionKeys(estop=estop, episode_keys=EPISODE_KEYS)
     if keys.terminal is None and not cfg.auto_start:
         raise ConfigError("record: the episode keys need a terminal (stdin is not a TTY); run it in a terminal, "
@@ -109,17 +121,18 @@ def run(cfg: DictConfig) -> int:
     recorder = Recorder(str(cfg.out), store_schema(opened, cameras, image_size))
     device = viewer = None
     rows: list[list[str]] = []
+    stopped = ""  # why the session stopped early (e-stop, watchdog), if it did
     hz = opened.robot.spec.control_hz
     ctl_cfg = ControllerConfig(hz=hz)
     if policy is not None:
-        ch = policy.chunking
-        ctl_cfg = ControllerConfig(hz=hz, n_obs=policy.policy.config.n_obs,
-                                   n_action_steps=int(ch.get("n_action_steps", policy.policy.config.n_action_steps)),
-                                   blend_steps=int(ch.get("blend_steps", 4)))
+        from robo_rl.cli.deploy import controller_config
+
+        ctl_cfg = controller_config(policy.policy, policy.chunking, hz)
     try:
         opened.robot.connect()
         device = open_device(cfg, opened, keys)
-        operator = TeleopOperator(opened.kinematics, device)
+        # HG-DAgger's human corrects at once: no RECOVERY steps (as in robo-rl rac)
+        operator = TeleopOperator(opened.kinematics, device, recover=cfg.mode == "rac" or policy is None)
         viewer = TwinViewer(opened, keys)
         if policy is not None:  # warm up: the first call traces the sampler, which must not happen mid-episode
             from robo_rl.runtime.controller import observation_window
@@ -131,13 +144,15 @@ def run(cfg: DictConfig) -> int:
         print("keys: n start an episode · y end, success · f end, failure · x discard · space e-stop · Ctrl-C quit"
               + (" · t / r / c take over, recovery done, correction done" if policy is not None else ""), flush=True)
         index = 0
-        while cfg.episodes is None or index < int(cfg.episodes):
+        while (cfg.episodes is None or index < int(cfg.episodes)) and not estop.tripped:
             if not cfg.auto_start:
                 print(f"episode {index}: press n to start", flush=True)
             try:
-                wait_for_start(keys, bool(cfg.auto_start))
+                if not cfg.auto_start and not wait_for_start(keys, estop):
+                    break
             except KeyboardInterrupt:
                 break
+            safety, watchdog, _ = safety_for(opened)  # per episode: its table counts its own clamps
             seed = int(cfg.seed) + index
             extra: dict[str, Any] = {}
             if opened.twin is not None:  # a fresh scene, and what replay needs to restore it
@@ -163,6 +178,11 @@ def run(cfg: DictConfig) -> int:
             report = Controller(opened.robot, source, ctl_cfg, safety=safety, watchdog=watchdog, estop=estop,
                                 on_record=on_record).run(float(cfg.episode_s), stop=stop)
             s = report.summary()
+            if s["stopped_reason"] and report.recorded == 0:
+                recorder.discard_episode()
+                print(f"episode {index}: not started: {s['stopped_reason']}", flush=True)
+                stopped = s["stopped_reason"]
+                break  # a tripped e-stop stays tripped: no episode could start
             if report.interrupted or report.recorded == 0 or (decision and decision[0] == "x"):
                 recorder.discard_episode()
                 print(f"episode {index}: discarded", flush=True)
@@ -189,8 +209,10 @@ def run(cfg: DictConfig) -> int:
             print(f"episode {index}: saved as {saved} ({report.recorded} steps, success {success}, {why})", flush=True)
             index += 1
             if s["stopped_reason"]:
-                print(f"stopped: {s['stopped_reason']}", flush=True)
+                stopped = s["stopped_reason"]
                 break
+    except KeyboardInterrupt:  # outside the control loop (between episodes, at a reset): ended episodes are kept
+        print("interrupted", flush=True)
     finally:
         keys.close()
         if viewer is not None:
@@ -202,4 +224,8 @@ def run(cfg: DictConfig) -> int:
     print_table(f"record: {cfg.out}", ["episode", "steps", "seconds", "success", "ended by", "tick p99 ms",
                                         "step/velocity clamps"], rows)
     print(f"{len(rows)} episode(s) committed to {cfg.out}")
+    stopped = stopped or (f"e-stop: {estop.reason}" if estop.tripped else "")
+    if stopped:
+        print(f"stopped: {stopped}")
+        return 1
     return 0

@@ -164,8 +164,9 @@ def replay_on_robot(cfg: DictConfig, store: EpisodeStore) -> int:
         index = episode_index(store, cfg.episode)
         data = store.episode(index, keys=["action", "obs/qpos"])
         fps, location = float(store.schema.fps), store.location
-    opened = open_robot(cfg)
-    spec = opened.robot.spec
+    from robo_rl.hardware.robot import RobotSpec
+
+    spec = RobotSpec.from_yaml(str(cfg.robot))
     if data["action"].shape[1] != spec.action_dim:
         raise ConfigError(f"{location}: episode {index} has {data['action'].shape[1]}-D actions; {spec.name} takes "
                           f"{spec.action_dim}")
@@ -173,6 +174,7 @@ def replay_on_robot(cfg: DictConfig, store: EpisodeStore) -> int:
         raise ConfigError(f"{location}: recorded at {fps:g} fps; {spec.name} is commanded at {spec.control_hz:g} Hz")
     if float(cfg.approach_s) <= 0:
         raise ConfigError(f"approach_s={cfg.approach_s}: give the seconds to reach the first recorded pose (> 0)")
+    opened = open_robot(cfg)
     safety, watchdog, estop = safety_for(opened)
     keys = SessionKeys(estop=estop)
     source = RecordedActions(data["action"], approach_ticks=int(round(float(cfg.approach_s) * spec.control_hz)))

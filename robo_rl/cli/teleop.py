@@ -8,7 +8,6 @@ episode keys are taken out, the rest go to the keyboard device).
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -20,7 +19,9 @@ from robo_rl.cli.app import run_app
 from robo_rl.cli.tables import print_table
 from robo_rl.errors import ConfigError
 
-DEVICES = ("keyboard", "gamepad", "pygame", "spacemouse", "leader")
+from robo_rl.hardware.teleop import TELEOP_KINDS
+
+DEVICES = (*TELEOP_KINDS, "leader")  # leader arms need ROS 2, so they are wired here, not in make_teleop
 
 
 def main(argv: list[str]) -> int:
@@ -36,15 +37,18 @@ class OpenRobot:
     transport: Any = None   # ROS 2: the transport, shared with leader arms and the e-stop topic
 
 
-def open_robot(cfg: DictConfig, cameras: Sequence[str] = (), image_size: Sequence[int] = (240, 320)) -> OpenRobot:
-    """robot=sim: the twin of cfg.task in this process; otherwise hardware/<robot>.yaml over ROS 2."""
+def open_robot(cfg: DictConfig, cameras: Sequence[str] = (), image_size: Sequence[int] = (240, 320),
+               task: str | None = None) -> OpenRobot:
+    """robot=sim: the twin of `task` (default cfg.task) in this process; otherwise
+    hardware/<robot>.yaml over ROS 2, reading `cameras` resized to `image_size`."""
     if cfg.robot == "sim":
         from robo_rl.sim.envs import BimanualEnv, TaskTwin
         from robo_rl.sim.tasks import TASKS
 
-        if cfg.task not in TASKS:
-            raise ConfigError(f"task={cfg.task!r} unknown; tasks are {sorted(TASKS)}")
-        env = BimanualEnv(str(cfg.task), obs_mode="state+pixels" if cameras else "state", cameras=list(cameras),
+        task = task or cfg.task
+        if task not in TASKS:
+            raise ConfigError(f"task={task!r} unknown; tasks are {sorted(TASKS)}")
+        env = BimanualEnv(str(task), obs_mode="state+pixels" if cameras else "state", cameras=list(cameras),
                           image_size=tuple(image_size))
         env.reset(seed=int(cfg.seed))
         return OpenRobot(TaskTwin(env), env, env.robot.spec.name, twin=env)
@@ -121,13 +125,18 @@ class _WithKeys:
             self.keys.keyboard.close()
 
 
+def check_device(cfg: DictConfig) -> None:
+    """Before anything connects: an unknown device is the user's first error, not a timeout."""
+    if str(cfg.teleop) not in DEVICES:
+        raise ConfigError(f"teleop={cfg.teleop!r}; choose one of {', '.join(DEVICES)}")
+
+
 def open_device(cfg: DictConfig, opened: OpenRobot, keys: SessionKeys) -> Any:
     """The teleop device named by cfg.teleop, wired to the session's keys."""
     from robo_rl.hardware.teleop import KeyboardTeleop, make_teleop
 
+    check_device(cfg)
     kind = str(cfg.teleop)
-    if kind not in DEVICES:
-        raise ConfigError(f"teleop={kind!r}; choose one of {', '.join(DEVICES)}")
     options = OmegaConf.to_container(cfg.device, resolve=True) if cfg.get("device") else {}
     if kind == "keyboard":
         if keys.terminal is None:
@@ -145,7 +154,11 @@ def open_device(cfg: DictConfig, opened: OpenRobot, keys: SessionKeys) -> Any:
 
             transport, owns = make_transport(0 if cfg.domain_id is None else int(cfg.domain_id), str(cfg.transport)), True
         leader = LeaderArms(opened.hardware, transport=transport, owns_transport=owns)
-        leader.connect(timeout_s=float(options.get("timeout_s", 5.0)))
+        try:
+            leader.connect(timeout_s=float(options.get("timeout_s", 5.0)))
+        except BaseException:
+            leader.close()  # closes the transport it owns
+            raise
         return _WithKeys(leader, keys)
     return _WithKeys(make_teleop(kind, **options), keys)
 
@@ -166,16 +179,9 @@ class TwinViewer:
     keyboard device); a no-op otherwise."""
 
     def __init__(self, opened: OpenRobot, keys: SessionKeys):
-        self.viewer = None
-        if opened.twin is not None and (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
-            import mujoco.viewer
+        from robo_rl.sim.teleop import open_viewer
 
-            def on_key(code: int) -> None:
-                if keys.keyboard is not None and 32 <= code < 127:
-                    keys.keyboard.press(chr(code))
-
-            robot = opened.twin.robot
-            self.viewer = mujoco.viewer.launch_passive(robot.model, robot.data, key_callback=on_key)
+        self.viewer = None if opened.twin is None else open_viewer(opened.twin.robot, keys.keyboard)
 
     def sync(self) -> None:
         if self.viewer is not None:
@@ -199,6 +205,7 @@ def run(cfg: DictConfig) -> int:
     from robo_rl.runtime.sources import OperatorCommands
     from robo_rl.sim.teleop import TeleopOperator
 
+    check_device(cfg)
     opened = open_robot(cfg)
     safety, watchdog, estop = safety_for(opened)
     keys = SessionKeys(estop=estop)

@@ -212,6 +212,9 @@ class Recorder:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             bufsize=0,
+            # its own session: a terminal's Ctrl-C goes to the whole foreground process group and
+            # would stop the writer mid-drain; it ends when the control process closes its stdin
+            start_new_session=True,
         )
         ready, _, _ = select.select([self._proc.stdout], [], [], start_timeout)
         first = self._proc.stdout.readline().decode().strip() if ready else ""

@@ -7,6 +7,9 @@
     act(action) -> executed   send a 14-D absolute joint-position command; returns what was
                               actually sent after clipping (what gets recorded, never the request)
     close()
+
+`Camera` (a camera read on its own, e.g. Ros2Camera) and the teleop devices' `TeleopDevice`
+(robo_rl/hardware/teleop.py) are the other two protocols of the hardware layer.
 """
 
 from __future__ import annotations
@@ -103,6 +106,19 @@ class Observation:
     images: dict[str, np.ndarray] = field(default_factory=dict)  # camera -> uint8 HWC RGB
     timestamp: float = 0.0  # capture time, seconds
     extra: dict[str, np.ndarray] = field(default_factory=dict)  # more observation keys by store name (the twin's obs/env_state)
+
+
+@runtime_checkable
+class Camera(Protocol):
+    """One camera. Ros2Camera reads ROS 2 image topics; the twin renders its cameras inside
+    SimRobot.observe() instead, in step with the physics."""
+
+    name: str
+
+    def read(self) -> tuple[np.ndarray, float] | None:
+        """(the newest frame, uint8 HWC RGB; when it was captured or arrived, seconds), or None
+        before the first frame."""
+        ...
 
 
 @runtime_checkable

@@ -27,15 +27,12 @@ class OperatorCommands:
 
     def __init__(self, operator: Any):
         self.operator = operator
-        self.events: list[str] = []  # RaC keys pressed meanwhile: meaningless here, kept for a status line
         self._last: np.ndarray | None = None
 
     def action(self, deadline: float, history: list[Any], report: ControllerReport) -> np.ndarray:
         if self._last is None:
             self._last = np.asarray(history[-1].qpos, dtype=np.float32)
-        event = self.operator.signal(Phase.CORRECTION, None)
-        if event is not None:
-            self.events.append(event.kind)
+        self.operator.signal(Phase.CORRECTION, None)  # polls the device; RaC events mean nothing here
         self._last = np.asarray(self.operator.command(Phase.CORRECTION, self._last), dtype=np.float32)
         return self._last
 
@@ -66,7 +63,8 @@ class Interventions:
         # the policy keeps predicting while the human drives, so a hand-back (HG-DAgger) has a chunk
         policy_action = self.policy.action(deadline, history, report)
         if policy_action is None and not self.interventions.in_control:
-            policy_action = self._last  # no chunk yet: hold
+            policy_action = self._last  # no chunk yet: hold, and count it as the Controller would
+            report.missing_actions += 1
         stage = self.stage() if self.stage is not None else -1
         command, self.segment = self.interventions.step(policy_action, time=deadline - self._t0, stage=stage)
         self._last = command

@@ -105,6 +105,20 @@ class TeleopOperator:
                 self.device.gripper[arm] = 1.0 if self._command[self._grip_index[arm]] >= 0.5 else 0.0
 
 
+def open_viewer(robot, keyboard: KeyboardTeleop | None = None):
+    """The MuJoCo viewer on a SimRobot when a display is available (keys typed into its window
+    reach `keyboard`), else None."""
+    if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+        return None
+    import mujoco.viewer
+
+    def on_key(code: int) -> None:
+        if keyboard is not None and 32 <= code < 127:
+            keyboard.press(chr(code))
+
+    return mujoco.viewer.launch_passive(robot.model, robot.data, key_callback=on_key)
+
+
 class HumanView:
     """What a human operator sees while steering: the MuJoCo viewer when a display is available
     (keys typed into its window reach the keyboard device too), and a status line in the terminal.
@@ -113,15 +127,7 @@ class HumanView:
     def __init__(self, env, keyboard: KeyboardTeleop | None = None, status_every: int = 10):
         env = env.unwrapped if hasattr(env, "unwrapped") else env
         self.env, self.status_every, self._tick = env, status_every, 0
-        self.viewer = None
-        if os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"):
-            import mujoco.viewer
-
-            def on_key(code: int) -> None:
-                if keyboard is not None and 32 <= code < 127:
-                    keyboard.press(chr(code))
-
-            self.viewer = mujoco.viewer.launch_passive(env.robot.model, env.robot.data, key_callback=on_key)
+        self.viewer = open_viewer(env.robot, keyboard)
 
     def __call__(self, env, controller) -> None:
         if self.viewer is not None:

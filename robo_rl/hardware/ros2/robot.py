@@ -151,6 +151,41 @@ def from_wire(spec: RobotSpec, values: Mapping[int, float]) -> dict[int, float]:
     return {i: float(spec.grippers[i].from_finger(v)) if i in spec.grippers else float(v) for i, v in values.items()}
 
 
+class Ros2Camera:
+    """One camera over ROS 2; implements robo_rl.hardware.robot.Camera. Frames are decoded (and
+    resized to `size`) on the transport's thread as they arrive, so `read()` costs nothing."""
+
+    def __init__(self, topic: CameraTopic, size: tuple[int, int] | None = None):
+        self.name, self.topic, self.size = topic.name, topic, size
+        self._lock = threading.Lock()
+        self._frame: np.ndarray | None = None
+        self._arrived: float | None = None
+        self.bad_frames = 0  # frames that arrived but did not decode
+        self.bad_reason = ""
+
+    def attach(self, transport: Any) -> None:
+        transport.subscribe(self.topic.topic, IMAGE_TYPES[self.topic.type], self._on_frame, qos="sensor")
+
+    def read(self) -> tuple[np.ndarray, float] | None:
+        """(the newest frame, uint8 HWC RGB; when it arrived, monotonic), or None before the first.
+        Frames are replaced whole on arrival, never written into: the array is a snapshot."""
+        with self._lock:
+            return None if self._frame is None else (self._frame, self._arrived)
+
+    def _on_frame(self, msg: Any) -> None:
+        try:
+            rgb = rgb_from_message(msg)
+            if self.size is not None and rgb.shape[:2] != self.size:
+                rgb = resize_rgb(rgb, self.size)
+        except Exception as e:  # noqa: BLE001 - a bad frame on the wire is counted and reported, never raised on DDS's thread
+            with self._lock:
+                self.bad_frames += 1
+                self.bad_reason = str(e)
+            return
+        with self._lock:
+            self._frame, self._arrived = rgb, time.monotonic()
+
+
 class Ros2Robot:
     """Implements robo_rl.hardware.robot.Robot over a transport (DdsTransport here; rclpy's where
     ROS 2 is installed)."""
@@ -166,6 +201,7 @@ class Ros2Robot:
         self.cameras = self.config.camera_topics(cameras, "Ros2Robot")
         self._required_cameras = () if cameras is None else self.cameras
         self.image_sizes = {k: (int(v[0]), int(v[1])) for k, v in (image_sizes or {}).items()}
+        self.camera_readers = {c.name: Ros2Camera(c, self.image_sizes.get(c.name)) for c in self.cameras}
         self.transport = transport
         self._lock = threading.Lock()
         self._qpos = np.full(self.spec.action_dim, np.nan)
@@ -173,10 +209,6 @@ class Ros2Robot:
         self._arrived: dict[str, float | None] = {arm.name: None for arm in self.config.arms}
         self._stamp = 0.0
         self._publish: dict[str, Any] = {}
-        self._frames: dict[str, np.ndarray] = {}
-        self._frame_arrived: dict[str, float] = {}
-        self.bad_frames: dict[str, int] = {c.name: 0 for c in self.cameras}  # frames that arrived but did not decode
-        self._bad_reason: dict[str, str] = {}
         self.period = 1.0 / self.spec.control_hz
 
     # ------------------------------------------------------------------ Robot protocol
@@ -189,9 +221,8 @@ class Ros2Robot:
             self.transport.subscribe(arm.joint_states, JointState, lambda msg, arm=arm: self._on_state(arm, msg),
                                      qos="sensor")
             self._publish[arm.name] = self.transport.publisher(arm.command, COMMAND_TYPES[arm.command_type])
-        for cam in self.cameras:
-            self.transport.subscribe(cam.topic, IMAGE_TYPES[cam.type], lambda msg, cam=cam: self._on_frame(cam, msg),
-                                     qos="sensor")
+        for camera in self.camera_readers.values():
+            camera.attach(self.transport)
         deadline = time.monotonic() + timeout_s
         domain = getattr(self.transport, "domain_id", self.config.domain_id)
         while self.last_update is None or self._waiting_for_frames():
@@ -201,8 +232,9 @@ class Ros2Robot:
                     raise ConfigError(f"no joint states on {', '.join(missing)} within {timeout_s:.0f} s "
                                       f"(ROS domain {domain}): is the robot (or `robo-rl sim-bridge`) up?")
                 waiting = self._waiting_for_frames()
-                bad = "".join(f"; {self.bad_frames[c.name]} {c.name} frame(s) did not decode: {self._bad_reason[c.name]}"
-                              for c in waiting if self.bad_frames[c.name])
+                readers = [self.camera_readers[c.name] for c in waiting]
+                bad = "".join(f"; {r.bad_frames} {r.name} frame(s) did not decode: {r.bad_reason}"
+                              for r in readers if r.bad_frames)
                 raise ConfigError(f"no camera frames on {', '.join(f'{c.topic} ({c.name})' for c in waiting)} within "
                                   f"{timeout_s:.0f} s (ROS domain {domain}): are the cameras (or `robo-rl sim-bridge "
                                   f"cameras=[{','.join(c.name for c in waiting)}]`) up?{bad}")
@@ -216,21 +248,24 @@ class Ros2Robot:
         return None if any(t is None for t in times) else min(times)
 
     def _waiting_for_frames(self) -> list[CameraTopic]:
-        with self._lock:
-            return [c for c in self._required_cameras if c.name not in self._frames]
+        return [c for c in self._required_cameras if self.camera_readers[c.name].read() is None]
+
+    @property
+    def bad_frames(self) -> dict[str, int]:
+        """Per camera, frames that arrived but did not decode."""
+        return {name: r.bad_frames for name, r in self.camera_readers.items()}
 
     def camera_age_s(self) -> dict[str, float]:
         """Seconds since each camera's newest frame arrived (inf before its first)."""
         now = time.monotonic()
-        with self._lock:
-            return {c.name: now - self._frame_arrived[c.name] if c.name in self._frame_arrived else float("inf")
-                    for c in self.cameras}
+        frames = {name: r.read() for name, r in self.camera_readers.items()}
+        return {name: float("inf") if f is None else now - f[1] for name, f in frames.items()}
 
     def observe(self) -> Observation:
+        frames = {name: r.read() for name, r in self.camera_readers.items()}
+        images = {name: f[0] for name, f in frames.items() if f is not None}
         with self._lock:  # timestamp: the robot's own stamp on its newest joint state
-            # frames are replaced whole on arrival, never written into: a shallow copy is a snapshot
-            return Observation(self._qpos.astype(np.float32), self._qvel.astype(np.float32), dict(self._frames),
-                               self._stamp)
+            return Observation(self._qpos.astype(np.float32), self._qvel.astype(np.float32), images, self._stamp)
 
     def act(self, action: np.ndarray) -> np.ndarray:
         a = np.asarray(action, dtype=np.float64).reshape(-1)
@@ -250,22 +285,6 @@ class Ros2Robot:
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
-
-    def _on_frame(self, cam: CameraTopic, msg: Any) -> None:
-        """On the transport's thread: decode (and resize) now, so observe() costs nothing."""
-        try:
-            rgb = rgb_from_message(msg)
-            size = self.image_sizes.get(cam.name)
-            if size is not None and rgb.shape[:2] != size:
-                rgb = resize_rgb(rgb, size)
-        except Exception as e:  # noqa: BLE001 - a bad frame on the wire is counted and reported, never raised on DDS's thread
-            with self._lock:
-                self.bad_frames[cam.name] += 1
-                self._bad_reason[cam.name] = str(e)
-            return
-        with self._lock:
-            self._frames[cam.name] = rgb
-            self._frame_arrived[cam.name] = time.monotonic()
 
     def _on_state(self, arm: ArmTopics, msg: JointState) -> None:
         pos = dict(zip(msg.name, msg.position))
