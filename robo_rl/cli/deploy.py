@@ -87,6 +87,7 @@ def watch_estop_key(estop: Any) -> Any:
 
 def run(cfg: DictConfig) -> int:
     from robo_rl.cli.eval import predictor
+    from robo_rl.cli.teleop import listen_estop
     from robo_rl.hardware.safety import EStop, SafetyConfig, SafetyFilter, Watchdog
     from robo_rl.policies import load_policy, read_checkpoint
     from robo_rl.runtime.controller import Controller, observation_window
@@ -106,14 +107,7 @@ def run(cfg: DictConfig) -> int:
     first = robot.observe()  # warm-up: the first call traces the sampler, which must not happen mid-run
     predict(observation_window([first] * ctl_cfg.n_obs))
     estop = EStop()
-    if cfg.robot != "sim" and cfg.estop_topic:
-        from robo_rl.hardware.ros2.messages import Bool
-
-        def on_estop(msg: Bool) -> None:
-            if msg.data:
-                estop.trip(f"{cfg.estop_topic} (ROS 2)")
-
-        robot.transport.subscribe(str(cfg.estop_topic), Bool, on_estop)
+    listen_estop(robot, cfg.estop_topic, estop)
     keys = watch_estop_key(estop)
     controller = Controller(robot, predict, ctl_cfg,
                             safety=SafetyFilter(robot.spec, safety_cfg), watchdog=Watchdog(safety_cfg), estop=estop)

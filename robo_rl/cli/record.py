@@ -19,7 +19,8 @@ from omegaconf import DictConfig
 from robo_rl.cli.app import run_app
 from robo_rl.cli.deploy import policy_inputs_on_robot
 from robo_rl.cli.tables import print_table
-from robo_rl.cli.teleop import SessionKeys, TwinViewer, check_device, open_device, open_robot, safety_for
+from robo_rl.cli.teleop import (SessionKeys, TwinViewer, check_device, listen_estop, open_device, open_robot,
+                                safety_for)
 from robo_rl.errors import ConfigError
 
 EPISODE_KEYS = "nyfx"
@@ -114,6 +115,7 @@ def run(cfg: DictConfig) -> int:
         cfg.task = "transfer_cube"
     opened = open_robot(cfg, cameras, image_size)
     _, _, estop = safety_for(opened)
+    listen_estop(opened.robot, cfg.estop_topic, estop)
     keys = SessionKeys(estop=estop, episode_keys=EPISODE_KEYS)
     if keys.terminal is None and not cfg.auto_start:
         raise ConfigError("record: the episode keys need a terminal (stdin is not a TTY); run it in a terminal, "

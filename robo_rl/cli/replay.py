@@ -154,7 +154,7 @@ def replay_on_robot(cfg: DictConfig, store: EpisodeStore) -> int:
     """Play one episode's executed actions on a ROS 2 robot at the store's rate: first a slow
     approach from where the arms are to the first recorded command, then the recording. Reports
     per joint how far the robot now is from where it was then (obs/qpos), and the timing table."""
-    from robo_rl.cli.teleop import SessionKeys, open_robot, safety_for, timing_rows
+    from robo_rl.cli.teleop import SessionKeys, listen_estop, open_robot, safety_for, timing_rows
     from robo_rl.runtime.controller import Controller, ControllerConfig
     from robo_rl.runtime.sources import RecordedActions
 
@@ -176,6 +176,7 @@ def replay_on_robot(cfg: DictConfig, store: EpisodeStore) -> int:
         raise ConfigError(f"approach_s={cfg.approach_s}: give the seconds to reach the first recorded pose (> 0)")
     opened = open_robot(cfg)
     safety, watchdog, estop = safety_for(opened)
+    listen_estop(opened.robot, cfg.estop_topic, estop)
     keys = SessionKeys(estop=estop)
     source = RecordedActions(data["action"], approach_ticks=int(round(float(cfg.approach_s) * spec.control_hz)))
     measured: list[np.ndarray] = []

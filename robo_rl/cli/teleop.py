@@ -192,6 +192,20 @@ class TwinViewer:
             self.viewer.close()
 
 
+def listen_estop(robot: Any, topic: str | None, estop: Any) -> None:
+    """On a ROS 2 robot, True on `topic` (std_msgs/Bool) trips `estop`; the twin has no topics."""
+    transport = getattr(robot, "transport", None)
+    if not topic or transport is None:
+        return
+    from robo_rl.hardware.ros2.messages import Bool
+
+    def on_estop(msg: Bool) -> None:
+        if msg.data:
+            estop.trip(f"{topic} (ROS 2)")
+
+    transport.subscribe(str(topic), Bool, on_estop)
+
+
 def safety_for(opened: OpenRobot) -> tuple[Any, Any, Any]:
     """(SafetyFilter, Watchdog, EStop) from the robot description's `safety:` section."""
     from robo_rl.hardware.safety import EStop, SafetyConfig, SafetyFilter, Watchdog
@@ -208,6 +222,7 @@ def run(cfg: DictConfig) -> int:
     check_device(cfg)
     opened = open_robot(cfg)
     safety, watchdog, estop = safety_for(opened)
+    listen_estop(opened.robot, cfg.estop_topic, estop)
     keys = SessionKeys(estop=estop)
     device = viewer = None
     try:

@@ -19,6 +19,7 @@ import dataclasses
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 import tempfile
@@ -108,6 +109,10 @@ class _Inbox:
 def _writer_main(store_path: str, ring_path: str, slots: int) -> int:
     """The writer process: drain the ring into the store, commit on 'end' messages."""
     out = sys.stdout
+    # A terminal's Ctrl-C goes to the whole foreground process group: it is the control process's
+    # to act on. The writer must not stop mid-drain; it ends when the control process closes its
+    # stdin (or dies), after committing every ended episode. (SIGKILL of the group still takes it.)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Leave the CPU to the control loop first; compress with one thread so a 2-core machine keeps
     # a core for the loop.
     os.nice(10)
@@ -212,9 +217,6 @@ class Recorder:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             bufsize=0,
-            # its own session: a terminal's Ctrl-C goes to the whole foreground process group and
-            # would stop the writer mid-drain; it ends when the control process closes its stdin
-            start_new_session=True,
         )
         ready, _, _ = select.select([self._proc.stdout], [], [], start_timeout)
         first = self._proc.stdout.readline().decode().strip() if ready else ""
