@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 
 from conftest import robo_rl_cli as _cli
+from sim_bridge_proc import start_bridge, stop_bridge
 
 
 def test_deploy_on_the_twin_prints_the_timing_table(checkpoints):
@@ -27,10 +27,8 @@ def test_a_twin_only_observation_cannot_go_to_real_arms(checkpoints):
 def test_deploy_over_ros2_against_the_sim_bridge(checkpoints):
     dom = str(30 + os.getpid() % 70)
     env = {**os.environ, "MUJOCO_GL": "egl"}
-    bridge = subprocess.Popen([sys.executable, "-m", "robo_rl.cli.main", "sim-bridge", f"domain_id={dom}"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    bridge = start_bridge(int(dom))
     try:
-        assert "serving aloha" in bridge.stdout.readline()
         r = _cli("deploy", f"checkpoint={checkpoints['qpos']}", "robot=aloha", f"domain_id={dom}", "duration=1.5")
         assert r.returncode == 0, r.stdout + r.stderr
         assert "deploy flow on aloha at 50 Hz" in r.stdout and "watchdog holds / stops" in r.stdout
@@ -47,7 +45,6 @@ def test_deploy_over_ros2_against_the_sim_bridge(checkpoints):
         out, err = deploy.communicate(timeout=30)
         assert deploy.returncode == 1 and "stopped: e-stop: /robo_rl/estop (ROS 2)" in out, out + err
     finally:
-        bridge.send_signal(signal.SIGINT)
-        out, _ = bridge.communicate(timeout=20)
+        out = stop_bridge(bridge)
     received = int(out.split("sim-bridge: ")[-1].split(" commands received")[0])
     assert received >= 60  # both arms' commands, 1.5 s at 50 Hz, reached the bridge

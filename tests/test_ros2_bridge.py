@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -14,6 +12,7 @@ import numpy as np
 import pytest
 
 from inbox import Inbox
+from sim_bridge_proc import start_bridge, stop_bridge
 
 from robo_rl.errors import ConfigError
 from robo_rl.hardware.ros2.dds import DdsTransport
@@ -29,18 +28,9 @@ def domain() -> int:
 
 @pytest.fixture
 def bridge():
-    env = {**os.environ, "MUJOCO_GL": "egl"}
-    proc = subprocess.Popen([sys.executable, "-m", "robo_rl.cli.main", "sim-bridge", f"domain_id={domain()}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    line = proc.stdout.readline()
-    assert "sim-bridge: serving aloha" in line, line + proc.stderr.read()
+    proc = start_bridge(domain())
     yield proc
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    stop_bridge(proc)
 
 
 def test_deploy_moves_the_twin_keeps_bad_actions_off_the_wire_and_stops_when_the_bridge_dies(bridge):

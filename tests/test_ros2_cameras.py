@@ -5,7 +5,6 @@ camera config errors."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ import pytest
 import yaml
 from cyclonedds.idl import IdlStruct
 from omegaconf import OmegaConf
+from sim_bridge_proc import start_bridge, stop_bridge
 
 from robo_rl.data.rosbag import rgb_from_compressed, rgb_from_raw
 from robo_rl.errors import ConfigError
@@ -30,25 +30,6 @@ ROOT = Path(__file__).parents[1]
 def domain(k: int) -> int:
     """DDS domains of this module's own (200..229), k = 0..2 for its bridges, apart from other test files'."""
     return 200 + (os.getpid() % 10) * 3 + k
-
-
-def start_bridge(dom: int, *args: str) -> subprocess.Popen:
-    env = {**os.environ, "MUJOCO_GL": "egl"}
-    proc = subprocess.Popen([sys.executable, "-m", "robo_rl.cli.main", "sim-bridge", f"domain_id={dom}", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-    line = proc.stdout.readline()
-    assert "sim-bridge: serving aloha" in line, line + proc.stderr.read()
-    return proc
-
-
-def stop_bridge(proc: subprocess.Popen) -> str:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-    try:
-        return proc.communicate(timeout=15)[0]
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return ""
 
 
 def twin_view(camera: str, qpos: np.ndarray, size=(240, 320)) -> np.ndarray:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -15,6 +14,7 @@ import numpy as np
 import pytest
 
 from inbox import Inbox
+from sim_bridge_proc import start_bridge, stop_bridge
 
 from robo_rl.data.schema import EpisodeMeta, Schema
 from robo_rl.data.store import EpisodeStore
@@ -32,17 +32,9 @@ def domain() -> int:
 
 @pytest.fixture
 def bridge():
-    proc = subprocess.Popen([sys.executable, "-m", "robo_rl.cli.main", "sim-bridge", f"domain_id={domain()}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
-    line = proc.stdout.readline()
-    assert "sim-bridge: serving aloha" in line, line + proc.stderr.read()
+    proc = start_bridge(domain())
     yield proc
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    stop_bridge(proc)
 
 
 def robo_rl(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -19,8 +19,8 @@ from omegaconf import DictConfig
 from robo_rl.cli.app import run_app
 from robo_rl.cli.deploy import policy_inputs_on_robot
 from robo_rl.cli.tables import print_table
-from robo_rl.cli.teleop import (SessionKeys, TwinViewer, check_device, listen_estop, open_device, open_robot,
-                                safety_for)
+from robo_rl.cli.teleop import (SessionKeys, TwinViewer, check_device, close_session, listen_estop, open_device,
+                                open_robot, safety_for)
 from robo_rl.errors import ConfigError
 
 EPISODE_KEYS = "nyfx"
@@ -216,13 +216,7 @@ def run(cfg: DictConfig) -> int:
     except KeyboardInterrupt:  # outside the control loop (between episodes, at a reset): ended episodes are kept
         print("interrupted", flush=True)
     finally:
-        keys.close()
-        if viewer is not None:
-            viewer.close()
-        if device is not None:
-            device.close()
-        opened.robot.close()
-        recorder.close()  # waits until every ended episode is committed
+        close_session(keys, viewer, device, opened.robot, recorder)  # the recorder waits for every commit
     print_table(f"record: {cfg.out}", ["episode", "steps", "seconds", "success", "ended by", "tick p99 ms",
                                         "step/velocity clamps"], rows)
     print(f"{len(rows)} episode(s) committed to {cfg.out}")

@@ -154,7 +154,7 @@ def replay_on_robot(cfg: DictConfig, store: EpisodeStore) -> int:
     """Play one episode's executed actions on a ROS 2 robot at the store's rate: first a slow
     approach from where the arms are to the first recorded command, then the recording. Reports
     per joint how far the robot now is from where it was then (obs/qpos), and the timing table."""
-    from robo_rl.cli.teleop import SessionKeys, listen_estop, open_robot, safety_for, timing_rows
+    from robo_rl.cli.teleop import SessionKeys, close_session, listen_estop, open_robot, safety_for, timing_rows
     from robo_rl.runtime.controller import Controller, ControllerConfig
     from robo_rl.runtime.sources import RecordedActions
 
@@ -193,8 +193,7 @@ def replay_on_robot(cfg: DictConfig, store: EpisodeStore) -> int:
         report = Controller(opened.robot, source, ControllerConfig(hz=spec.control_hz), safety=safety,
                             watchdog=watchdog, estop=estop, on_record=on_tick).run(None, stop=lambda: source.ended)
     finally:
-        keys.close()
-        opened.robot.close()
+        close_session(keys, opened.robot)
     n = len(measured)
     div = np.abs(np.stack(measured) - data["obs/qpos"][:n]) if n else np.zeros((0, spec.action_dim))
     rows = [(name, _fmt(div[:, j].max()) if n else "-", _fmt(div[:, j].mean()) if n else "-")

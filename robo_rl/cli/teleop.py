@@ -31,10 +31,21 @@ def main(argv: list[str]) -> int:
 @dataclass
 class OpenRobot:
     robot: Any              # implements robo_rl.hardware.robot.Robot
-    kinematics: Any         # a MuJoCo model of the arms for the devices' end-effector moves (IK)
     hardware: str           # the robot description its safety limits come from
     twin: Any = None        # robot=sim: the BimanualEnv (task stage, reset, viewer)
     transport: Any = None   # ROS 2: the transport, shared with leader arms and the e-stop topic
+
+    @property
+    def kinematics(self) -> Any:
+        """A MuJoCo model of the arms for the devices' end-effector moves (IK): the twin itself, or
+        for real arms the twin's model, never stepped (built on first use; deploy needs none)."""
+        if self.twin is not None:
+            return self.twin
+        if getattr(self, "_kinematics", None) is None:
+            from robo_rl.sim.robot import SimRobot
+
+            self._kinematics = SimRobot("aloha.xml", robot=self.hardware, cameras=[])
+        return self._kinematics
 
 
 def open_robot(cfg: DictConfig, cameras: Sequence[str] = (), image_size: Sequence[int] = (240, 320),
@@ -51,17 +62,14 @@ def open_robot(cfg: DictConfig, cameras: Sequence[str] = (), image_size: Sequenc
         env = BimanualEnv(str(task), obs_mode="state+pixels" if cameras else "state", cameras=list(cameras),
                           image_size=tuple(image_size))
         env.reset(seed=int(cfg.seed))
-        return OpenRobot(TaskTwin(env), env, env.robot.spec.name, twin=env)
+        return OpenRobot(TaskTwin(env), env.robot.spec.name, twin=env)
     from robo_rl.hardware.ros2.rclpy_transport import make_transport
     from robo_rl.hardware.ros2.robot import Ros2Robot
-    from robo_rl.sim.robot import SimRobot
 
     robot = Ros2Robot(str(cfg.robot), cameras=list(cameras), image_sizes={c: tuple(image_size) for c in cameras})
     domain = robot.config.domain_id if cfg.domain_id is None else int(cfg.domain_id)
     robot.transport = make_transport(domain, str(cfg.transport))
-    # the twin's model, never stepped: inverse kinematics for end-effector devices
-    kinematics = SimRobot("aloha.xml", robot=str(cfg.robot), cameras=[])
-    return OpenRobot(robot, kinematics, str(cfg.robot), transport=robot.transport)
+    return OpenRobot(robot, str(cfg.robot), transport=robot.transport)
 
 
 @dataclass
@@ -206,6 +214,14 @@ def listen_estop(robot: Any, topic: str | None, estop: Any) -> None:
     transport.subscribe(str(topic), Bool, on_estop)
 
 
+def close_session(*parts: Any) -> None:
+    """Close a session's parts in order (the terminal first, so it is restored even if a later
+    close fails); parts never opened are None."""
+    for part in parts:
+        if part is not None:
+            part.close()
+
+
 def safety_for(opened: OpenRobot) -> tuple[Any, Any, Any]:
     """(SafetyFilter, Watchdog, EStop) from the robot description's `safety:` section."""
     from robo_rl.hardware.safety import EStop, SafetyConfig, SafetyFilter, Watchdog
@@ -249,12 +265,7 @@ def run(cfg: DictConfig) -> int:
         report = controller.run(None if cfg.duration is None else float(cfg.duration))
         print()
     finally:
-        keys.close()
-        if viewer is not None:
-            viewer.close()
-        if device is not None:
-            device.close()
-        opened.robot.close()
+        close_session(keys, viewer, device, opened.robot)
     s = report.summary()
     print_table(f"teleop {cfg.teleop} on {cfg.robot}", ["measure", "value"], timing_rows(s))
     if s["stopped_reason"]:
