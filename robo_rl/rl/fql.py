@@ -1,0 +1,170 @@
+"""FQL: flow Q-learning (Park, Li, Levine 2025) — the baseline floq is measured against.
+
+Actor: a flow-matching BC policy (velocity field over actions, `flow_steps` Euler steps from
+Gaussian noise) and a one-step policy mu(s, eps) distilled from it while maximising Q:
+    L_actor = L_flowBC + alpha * ||mu(s, eps) - flowBC(s, eps)||^2 - mean_e Q_e(s, mu(s, eps))
+Critic: an ensemble of E scalar Q networks (one batched network), TD target
+    y = r + gamma * m * agg_e Qbar_e(s', mu(s', eps'))   (Polyak target, no gradient)
+floq (floq.py) keeps this actor and swaps the critic.
+
+Both losses are computed from the same parameters and stepped together, like the JAX
+reference's single total loss: the actor's Q term sees the critic with `requires_grad` off, so
+no actor gradient reaches critic parameters.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+
+from robo_rl.rl.nets import EnsembleMLP, polyak
+
+
+@dataclass
+class FQLConfig:
+    hidden: tuple[int, ...] = (512, 512, 512, 512)
+    lr: float = 3e-4
+    batch_size: int = 256
+    gamma: float = 0.99
+    tau: float = 0.005  # Polyak rate of the target critic
+    alpha: float = 300.0  # distillation weight: cube/scene 300, puzzle 1000, antmaze 10
+    flow_steps: int = 10  # Euler steps of the BC flow
+    ensemble: int = 2
+    q_agg: str = "mean"  # how target members combine: mean | min
+    actor_layer_norm: bool = False  # FQL's actor has no LayerNorm; its critic has
+    normalize_q_loss: bool = False  # divide the Q term by mean |Q| (detached)
+
+
+def aggregate(values: torch.Tensor, how: str) -> torch.Tensor:
+    """Combine ensemble members along dim 0."""
+    return values.min(0).values if how == "min" else values.mean(0)
+
+
+class FlowActor(nn.Module):
+    """Flow BC velocity field v(s, a_t, t) and the one-step policy mu(s, eps)."""
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden, layer_norm: bool, flow_steps: int):
+        super().__init__()
+        self.act_dim, self.flow_steps = act_dim, flow_steps
+        self.bc_flow = EnsembleMLP(obs_dim + act_dim + 1, hidden, act_dim, layer_norm=layer_norm)
+        self.one_step = EnsembleMLP(obs_dim + act_dim, hidden, act_dim, layer_norm=layer_norm)
+
+    def flow_actions(self, obs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """Integrate the BC flow from `noise` with Euler steps; clipped to the action box."""
+        a = noise
+        for i in range(self.flow_steps):
+            t = torch.full_like(a[:, :1], i / self.flow_steps)
+            a = a + self.bc_flow.single(torch.cat([obs, a, t], -1)) / self.flow_steps
+        return a.clamp(-1, 1)
+
+    def one_step_actions(self, obs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        return self.one_step.single(torch.cat([obs, noise], -1))
+
+    def act(self, obs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        noise = torch.randn(obs.shape[0], self.act_dim, device=obs.device, generator=generator)
+        return self.one_step_actions(obs, noise).clamp(-1, 1)
+
+    def loss(self, obs, actions, q_fn, alpha: float, normalize_q: bool, generator=None):
+        """FQL actor loss. `q_fn(obs, actions) -> [E, B]` must not carry gradient into the critic."""
+        B = obs.shape[0]
+        noise = torch.randn(B, self.act_dim, device=obs.device, generator=generator)
+        t = torch.rand(B, 1, device=obs.device, generator=generator)
+        a_t = (1 - t) * noise + t * actions
+        bc_flow = (self.bc_flow.single(torch.cat([obs, a_t, t], -1)) - (actions - noise)).pow(2).mean()
+
+        eps = torch.randn(B, self.act_dim, device=obs.device, generator=generator)
+        with torch.no_grad():
+            teacher = self.flow_actions(obs, eps)
+        student = self.one_step_actions(obs, eps)
+        distill = (student - teacher).pow(2).mean()
+
+        q = q_fn(obs, student.clamp(-1, 1)).mean(0)
+        q_loss = -q.mean()
+        if normalize_q:
+            q_loss = q_loss / q.abs().mean().detach().clamp_min(1e-6)
+        loss = bc_flow + alpha * distill + q_loss
+        return loss, {"actor/bc_flow": bc_flow.detach(), "actor/distill": distill.detach(), "actor/q": q.mean().detach()}
+
+
+def frozen(module: nn.Module):
+    """Context: `module`'s parameters record no gradient (actions still get one through it)."""
+
+    class _Frozen:
+        def __enter__(self):
+            self.flags = [p.requires_grad for p in module.parameters()]
+            for p in module.parameters():
+                p.requires_grad_(False)
+
+        def __exit__(self, *exc):
+            for p, f in zip(module.parameters(), self.flags):
+                p.requires_grad_(f)
+
+    return _Frozen()
+
+
+class FQL(nn.Module):
+    name = "fql"
+
+    def __init__(self, obs_dim: int, act_dim: int, config: FQLConfig | None = None, seed: int = 0):
+        super().__init__()
+        self.config = cfg = config or FQLConfig()
+        torch.manual_seed(seed)
+        self.obs_dim, self.act_dim = obs_dim, act_dim
+        self.actor = FlowActor(obs_dim, act_dim, cfg.hidden, cfg.actor_layer_norm, cfg.flow_steps)
+        self.critic = EnsembleMLP(obs_dim + act_dim, cfg.hidden, 1, members=cfg.ensemble)
+        self.target_critic = copy.deepcopy(self.critic).requires_grad_(False)
+        self.optimizer = torch.optim.Adam([*self.actor.parameters(), *self.critic.parameters()], lr=cfg.lr)
+        self.generator: torch.Generator | None = None
+        self.updates = 0
+
+    def q_values(self, obs: torch.Tensor, actions: torch.Tensor, target: bool = False) -> torch.Tensor:
+        net = self.target_critic if target else self.critic
+        return net(torch.cat([obs, actions], -1)).squeeze(-1)  # [E, B]
+
+    @torch.no_grad()
+    def td_target(self, batch) -> torch.Tensor:
+        next_actions = self.actor.act(batch["next_observations"], self.generator)
+        next_q = aggregate(self.q_values(batch["next_observations"], next_actions, target=True), self.config.q_agg)
+        return batch["rewards"] + self.config.gamma * batch["masks"] * next_q
+
+    def critic_loss(self, batch):
+        target = self.td_target(batch)  # detached: computed under no_grad
+        q = self.q_values(batch["observations"], batch["actions"])
+        loss = (q - target).pow(2).mean()
+        return loss, {"critic/loss": loss.detach(), "critic/q": q.mean().detach()}
+
+    def actor_loss(self, batch):
+        with frozen(self.critic):
+            return self.actor.loss(batch["observations"], batch["actions"], self.q_values, self.config.alpha,
+                                   self.config.normalize_q_loss, self.generator)
+
+    def update(self, batch) -> dict[str, torch.Tensor]:
+        critic_loss, info = self.critic_loss(batch)
+        actor_loss, actor_info = self.actor_loss(batch)
+        self.optimizer.zero_grad(set_to_none=True)
+        (critic_loss + actor_loss).backward()
+        self.optimizer.step()
+        polyak(self.target_critic, self.critic, self.config.tau)
+        self.updates += 1
+        return {**info, **actor_info}
+
+    @torch.no_grad()
+    def td_errors(self, batch) -> torch.Tensor:
+        """Squared TD error per transition (for held-out TD-overfitting checks)."""
+        return (self.q_values(batch["observations"], batch["actions"]).mean(0) - self.td_target(batch)).pow(2)
+
+    @torch.no_grad()
+    def act(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.actor.act(obs, self.generator)
+
+    @torch.no_grad()
+    def score(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """Q(s, a) used to rank candidate actions (mean over members)."""
+        return self.q_values(obs, actions).mean(0)
+
+    def config_dict(self) -> dict:
+        return asdict(self.config)
+
