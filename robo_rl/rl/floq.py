@@ -111,26 +111,34 @@ class Floq(nn.Module):
     def q_distilled(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         return self.distilled(torch.cat([obs, actions], -1)).squeeze(-1)  # [E, B]
 
+    def draw(self, batch_size: int, device) -> dict[str, torch.Tensor]:
+        """Every random draw of one update (explicit, so tests can fix them). n = B * R rows."""
+        n, g = batch_size * self.config.noise_copies, self.generator
+        return {"eps_next": torch.randn(n, self.act_dim, device=device, generator=g),  # a'_j noise
+                "z0_next": self.sample_z0(n, device),  # target read-out starts
+                "z0": self.sample_z0(n, device),  # flow-matching / online read-out starts
+                "t_flow": torch.rand(n, device=device, generator=g),
+                **self.actor.draw(batch_size, device, g)}
+
     @torch.no_grad()
-    def td_target(self, batch) -> torch.Tensor:
+    def td_target(self, batch, eps_next: torch.Tensor, z0_next: torch.Tensor) -> torch.Tensor:
         """y [B]: mean over R copies of r + gamma m agg_e Qbar_e(s', a'_j) (target field)."""
         cfg, (B, R) = self.config, (batch["rewards"].shape[0], self.config.noise_copies)
         next_obs = batch["next_observations"].repeat_interleave(R, 0)
-        next_actions = self.actor.act(next_obs, self.generator)
-        q_next = self.target_floq.read_out(torch.cat([next_obs, next_actions], -1),
-                                           self.sample_z0(B * R, next_obs.device), cfg.critic_steps, self.readout_dtype)
+        next_actions = self.actor.one_step_actions(next_obs, eps_next).clamp(-1, 1)
+        q_next = self.target_floq.read_out(torch.cat([next_obs, next_actions], -1), z0_next, cfg.critic_steps,
+                                           self.readout_dtype)
         q_next = aggregate(q_next, cfg.q_agg).view(B, R)
         return (batch["rewards"].unsqueeze(1) + cfg.gamma * batch["masks"].unsqueeze(1) * q_next).mean(1)
 
-    def critic_loss(self, batch):
+    def critic_loss(self, batch, draws):
         cfg = self.config
         B, R, E = batch["rewards"].shape[0], cfg.noise_copies, cfg.ensemble
-        y = self.td_target(batch)  # [B], no gradient
+        y = self.td_target(batch, draws["eps_next"], draws["z0_next"])  # [B], no gradient
         sa = torch.cat([batch["observations"], batch["actions"]], -1).repeat_interleave(R, 0)  # [B*R, o+a]
-        z0 = self.sample_z0(B * R, sa.device)
+        z0, t = draws["z0"], draws["t_flow"]
         with torch.no_grad():  # distillation target: the online field's read-out
             q_online = self.floq.read_out(sa, z0, cfg.critic_steps, self.readout_dtype).view(E, B, R)
-        t = torch.rand(B * R, device=sa.device, generator=self.generator)
         y_rep = y.repeat_interleave(R)
         z_t = (1 - t) * z0 + t * y_rep
         v = self.floq.velocity(sa, z_t.unsqueeze(0).expand(E, -1), t)  # [E, B*R]
@@ -143,14 +151,15 @@ class Floq(nn.Module):
                 "critic/readout_std": q_online.mean(0).std(-1).mean(), "critic/td_error": (distill_target - y).pow(2).mean()}
         return flow + distill, info
 
-    def actor_loss(self, batch):
+    def actor_loss(self, batch, draws):
         with frozen(self.distilled):
             return self.actor.loss(batch["observations"], batch["actions"], self.q_distilled, self.config.alpha,
-                                   self.config.normalize_q_loss, self.generator)
+                                   self.config.normalize_q_loss, draws)
 
     def update(self, batch) -> dict[str, torch.Tensor]:
-        critic_loss, info = self.critic_loss(batch)
-        actor_loss, actor_info = self.actor_loss(batch)
+        draws = self.draw(batch["rewards"].shape[0], batch["rewards"].device)
+        critic_loss, info = self.critic_loss(batch, draws)
+        actor_loss, actor_info = self.actor_loss(batch, draws)
         self.optimizer.zero_grad(set_to_none=True)
         (critic_loss + actor_loss).backward()
         self.optimizer.step()
@@ -160,9 +169,10 @@ class Floq(nn.Module):
 
     @torch.no_grad()
     def td_errors(self, batch) -> torch.Tensor:
+        draws = self.draw(batch["rewards"].shape[0], batch["rewards"].device)
         sa = torch.cat([batch["observations"], batch["actions"]], -1)
         q = self.floq.read_out(sa, self.sample_z0(sa.shape[0], sa.device), self.config.critic_steps).mean(0)
-        return (q - self.td_target(batch)).pow(2)
+        return (q - self.td_target(batch, draws["eps_next"], draws["z0_next"])).pow(2)
 
     @torch.no_grad()
     def act(self, obs: torch.Tensor) -> torch.Tensor:

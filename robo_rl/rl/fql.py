@@ -67,15 +67,18 @@ class FlowActor(nn.Module):
         noise = torch.randn(obs.shape[0], self.act_dim, device=obs.device, generator=generator)
         return self.one_step_actions(obs, noise).clamp(-1, 1)
 
-    def loss(self, obs, actions, q_fn, alpha: float, normalize_q: bool, generator=None):
+    def draw(self, batch_size: int, device, generator=None) -> dict[str, torch.Tensor]:
+        """The actor loss's random draws, made explicit so a test can fix them."""
+        return {"x0": torch.randn(batch_size, self.act_dim, device=device, generator=generator),
+                "t": torch.rand(batch_size, 1, device=device, generator=generator),
+                "eps": torch.randn(batch_size, self.act_dim, device=device, generator=generator)}
+
+    def loss(self, obs, actions, q_fn, alpha: float, normalize_q: bool, draws: dict[str, torch.Tensor]):
         """FQL actor loss. `q_fn(obs, actions) -> [E, B]` must not carry gradient into the critic."""
-        B = obs.shape[0]
-        noise = torch.randn(B, self.act_dim, device=obs.device, generator=generator)
-        t = torch.rand(B, 1, device=obs.device, generator=generator)
+        noise, t, eps = draws["x0"], draws["t"], draws["eps"]
         a_t = (1 - t) * noise + t * actions
         bc_flow = (self.bc_flow.single(torch.cat([obs, a_t, t], -1)) - (actions - noise)).pow(2).mean()
 
-        eps = torch.randn(B, self.act_dim, device=obs.device, generator=generator)
         with torch.no_grad():
             teacher = self.flow_actions(obs, eps)
         student = self.one_step_actions(obs, eps)
@@ -124,26 +127,32 @@ class FQL(nn.Module):
         net = self.target_critic if target else self.critic
         return net(torch.cat([obs, actions], -1)).squeeze(-1)  # [E, B]
 
+    def draw(self, batch_size: int, device) -> dict[str, torch.Tensor]:
+        """Every random draw of one update (explicit, so tests can fix them)."""
+        eps_next = torch.randn(batch_size, self.act_dim, device=device, generator=self.generator)
+        return {"eps_next": eps_next, **self.actor.draw(batch_size, device, self.generator)}
+
     @torch.no_grad()
-    def td_target(self, batch) -> torch.Tensor:
-        next_actions = self.actor.act(batch["next_observations"], self.generator)
+    def td_target(self, batch, eps_next: torch.Tensor) -> torch.Tensor:
+        next_actions = self.actor.one_step_actions(batch["next_observations"], eps_next).clamp(-1, 1)
         next_q = aggregate(self.q_values(batch["next_observations"], next_actions, target=True), self.config.q_agg)
         return batch["rewards"] + self.config.gamma * batch["masks"] * next_q
 
-    def critic_loss(self, batch):
-        target = self.td_target(batch)  # detached: computed under no_grad
+    def critic_loss(self, batch, draws):
+        target = self.td_target(batch, draws["eps_next"])  # detached: computed under no_grad
         q = self.q_values(batch["observations"], batch["actions"])
         loss = (q - target).pow(2).mean()
         return loss, {"critic/loss": loss.detach(), "critic/q": q.mean().detach()}
 
-    def actor_loss(self, batch):
+    def actor_loss(self, batch, draws):
         with frozen(self.critic):
             return self.actor.loss(batch["observations"], batch["actions"], self.q_values, self.config.alpha,
-                                   self.config.normalize_q_loss, self.generator)
+                                   self.config.normalize_q_loss, draws)
 
     def update(self, batch) -> dict[str, torch.Tensor]:
-        critic_loss, info = self.critic_loss(batch)
-        actor_loss, actor_info = self.actor_loss(batch)
+        draws = self.draw(batch["rewards"].shape[0], batch["rewards"].device)
+        critic_loss, info = self.critic_loss(batch, draws)
+        actor_loss, actor_info = self.actor_loss(batch, draws)
         self.optimizer.zero_grad(set_to_none=True)
         (critic_loss + actor_loss).backward()
         self.optimizer.step()
@@ -154,7 +163,8 @@ class FQL(nn.Module):
     @torch.no_grad()
     def td_errors(self, batch) -> torch.Tensor:
         """Squared TD error per transition (for held-out TD-overfitting checks)."""
-        return (self.q_values(batch["observations"], batch["actions"]).mean(0) - self.td_target(batch)).pow(2)
+        eps_next = torch.randn_like(batch["actions"])
+        return (self.q_values(batch["observations"], batch["actions"]).mean(0) - self.td_target(batch, eps_next)).pow(2)
 
     @torch.no_grad()
     def act(self, obs: torch.Tensor) -> torch.Tensor:

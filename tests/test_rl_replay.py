@@ -1,0 +1,121 @@
+"""Offline-RL data: n-step returns and transitions by hand, a real EpisodeStore on disk, OGBench
+.npz import, and the device replay's sampling."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from robo_rl.data.store import EpisodeStore
+from robo_rl.errors import RoboRLError
+from robo_rl.rl.replay import (DeviceReplay, load_ogbench_npz, nstep_returns, trajectory_bounds,
+                               transitions_from_arrays, transitions_from_store)
+from tests.episodes import make_episode, small_schema
+
+
+def test_trajectory_bounds():
+    starts, ends = trajectory_bounds(np.array([0, 0, 1, 0, 1, 0, 0]))
+    assert starts.tolist() == [0, 0, 0, 3, 3, 5, 5]
+    assert ends.tolist() == [2, 2, 2, 4, 4, 6, 6]  # an unterminated tail is a trajectory too
+
+
+def test_nstep_returns_by_hand():
+    # trajectory A: rows 0..4, ends without a terminal; trajectory B: rows 5..7, row 7 terminal (mask 0)
+    rewards = np.array([1, 2, 3, 4, 5, 10, 20, 30], float)
+    masks = np.array([1, 1, 1, 1, 1, 1, 1, 0], float)
+    _, ends = trajectory_bounds(np.array([0, 0, 0, 0, 1, 0, 0, 1]))
+    g = 0.5
+    ret, boot, disc = nstep_returns(rewards, masks, ends, n=3, gamma=g)
+    # row 0: 1 + .5*2 + .25*3, bootstrap from row 3 with .125
+    assert ret[0] == pytest.approx(1 + g * 2 + g * g * 3) and boot[0] == 3 and disc[0] == pytest.approx(g ** 3)
+    # row 2: rows 2, 3 only (row 4 is the last row and not terminal: no next obs), bootstrap row 4
+    assert ret[2] == pytest.approx(3 + g * 4) and boot[2] == 4 and disc[2] == pytest.approx(g ** 2)
+    # row 3: one step, bootstrap from the trajectory's last row
+    assert ret[3] == pytest.approx(4) and boot[3] == 4 and disc[3] == pytest.approx(g)
+    # row 5: 10 + .5*20 + .25*30 and row 7 is terminal: no bootstrap
+    assert ret[5] == pytest.approx(10 + g * 20 + g * g * 30) and disc[5] == 0
+    # row 7: terminal itself
+    assert ret[7] == pytest.approx(30) and disc[7] == 0
+    # n = 1 is the plain one-step target
+    ret1, boot1, disc1 = nstep_returns(rewards, masks, ends, n=1, gamma=g)
+    assert ret1.tolist() == rewards.tolist() and boot1[:4].tolist() == [1, 2, 3, 4] and disc1[7] == 0
+
+
+def test_transitions_drop_unbootstrappable_last_rows():
+    obs = np.arange(6, dtype=np.float32)[:, None]
+    out = transitions_from_arrays(obs, obs * 10, np.array([0, 0, 1, 0, 0, 1]), rewards=np.arange(6),
+                                  masks=np.array([1, 1, 1, 1, 1, 0]))
+    # row 2 ends trajectory 1 without a terminal: dropped; row 5 is terminal: kept (bootstrap unused)
+    assert out["observations"][:, 0].tolist() == [0, 1, 3, 4, 5]
+    assert out["next_observations"][:, 0].tolist() == [1, 2, 4, 5, 5]
+    assert out["rewards"].tolist() == [0, 1, 3, 4, 5] and out["masks"].tolist() == [1, 1, 1, 1, 0]
+    with pytest.raises(RoboRLError, match="actions"):
+        transitions_from_arrays(obs, obs[:3], np.zeros(6))
+
+
+def test_transitions_from_a_real_store(tmp_path):
+    schema = small_schema(cameras=False)
+    store = EpisodeStore.create(tmp_path / "s", schema)
+    lengths, successes = [], []
+    for e in range(4):
+        data, ts, seg, meta = make_episode(e, schema)
+        store.add_episode(data, ts, seg, meta)
+        lengths.append(len(ts))
+        successes.append(meta.success)
+    store.close()
+    store = EpisodeStore.open(tmp_path / "s")
+    tr = transitions_from_store(store, obs_keys=("obs/qpos", "obs/gripper"))
+    assert tr["observations"].shape[1] == 16
+    # failed episodes (odd e are successes) lose their last row; successful ones keep it as terminal
+    expected_rows = sum(n if ok else n - 1 for n, ok in zip(lengths, successes))
+    assert len(tr["observations"]) == expected_rows
+    assert tr["rewards"].sum() == sum(successes) and (tr["masks"] == 0).sum() == sum(successes)
+    assert set(np.unique(tr["segments"])) <= {0, 1, 2, 3, 4}
+    # stage rewards: each stage gained pays 1 / number of stages
+    stages = [np.minimum(np.arange(n) // 10, 2) for n in lengths]
+    tr2 = transitions_from_store(store, obs_keys=("obs/qpos",), reward="stage", stages=stages)
+    # (a failed episode's last row is dropped, and with it the stage it gained there, if any)
+    expected = sum((s[-1] - s[0]) - (0 if ok else s[-1] - s[-2]) for s, ok in zip(stages, successes)) / 2
+    assert tr2["rewards"].sum() == pytest.approx(expected)
+    assert set(np.unique(tr2["rewards"])) <= {0.0, 0.5}
+    with pytest.raises(RoboRLError, match="obs/nothing"):
+        transitions_from_store(store, obs_keys=("obs/nothing",))
+    with pytest.raises(RoboRLError, match="stages"):
+        transitions_from_store(store, reward="stage")
+
+
+def test_ogbench_npz_import(tmp_path):
+    path = tmp_path / "d.npz"
+    np.savez(path, observations=np.zeros((5, 3), np.float32), actions=np.zeros((5, 2), np.float32),
+             terminals=np.array([0, 0, 1, 0, 1], bool), qpos=np.zeros((5, 4)))
+    d = load_ogbench_npz(path)
+    assert set(d) == {"observations", "actions", "terminals", "qpos"}
+    np.savez(tmp_path / "bad.npz", observations=np.zeros((5, 3)))
+    with pytest.raises(RoboRLError, match="no 'actions'"):
+        load_ogbench_npz(tmp_path / "bad.npz")
+    with pytest.raises(RoboRLError, match="does not exist"):
+        load_ogbench_npz(tmp_path / "missing.npz")
+    (tmp_path / "torn.npz").write_bytes(b"PK\x03\x04 not a zip")
+    with pytest.raises(RoboRLError, match="cannot be read"):
+        load_ogbench_npz(tmp_path / "torn.npz")
+
+
+def test_device_replay_sampling_is_seeded_bounded_and_appendable():
+    arrays = {"observations": np.arange(100, dtype=np.float32)[:, None], "rewards": np.arange(100, dtype=np.float64)}
+    a, b = DeviceReplay(arrays, seed=3), DeviceReplay(arrays, seed=3)
+    x, y = a.sample(64), b.sample(64)
+    assert torch.equal(x["observations"], y["observations"])
+    assert x["rewards"].dtype == torch.float32  # float64 arrives as float32
+    torch.testing.assert_close(x["observations"][:, 0], x["rewards"])  # rows stay aligned across keys
+    assert 0 <= float(x["rewards"].min()) and float(x["rewards"].max()) < 100
+    a.reserve(2)
+    a.add({"observations": [100.0], "rewards": 100.0})
+    assert len(a) == 101 and float(a.data["observations"][100, 0]) == 100.0
+    a.add({"observations": [101.0], "rewards": 101.0})
+    with pytest.raises(RoboRLError, match="full"):
+        a.add({"observations": [102.0], "rewards": 102.0})
+    seen = torch.cat([a.sample(512)["rewards"] for _ in range(8)])
+    assert float(seen.max()) >= 100  # appended rows are sampled
+    with pytest.raises(RoboRLError, match="disagree"):
+        DeviceReplay({"a": np.zeros(3), "b": np.zeros(4)})
