@@ -43,6 +43,7 @@ def np_mlp(net: EnsembleMLP, x: np.ndarray, member: int = 0) -> np.ndarray:
 
 
 def np_hl_gauss(z: float, lo: float, hi: float, bins: int, sigma_bins: float) -> np.ndarray:
+    z = min(max(z, lo), hi)  # returns outside the support are encoded as its edge
     edges = [lo + (hi - lo) * i / bins for i in range(bins + 1)]
     sigma = sigma_bins * (hi - lo) / bins
     cdf = [0.5 * (1 + math.erf((e - z) / (sigma * math.sqrt(2)))) for e in edges]
@@ -264,3 +265,10 @@ def test_critic_learns_a_known_value(name):
     q = agent.score(batch["observations"], batch["actions"])
     assert float(q.mean()) == pytest.approx(-2.0, abs=0.15)
     assert agent.act(batch["observations"]).abs().max() <= 1.0
+
+
+def test_hl_gauss_features_stay_finite_far_outside_the_support():
+    z = torch.tensor([-1e4, -10.0, 1e4])
+    feats = hl_gauss_features(z, -1.01 / 0.01, -0.99 / 0.01)  # a support that excludes all three
+    assert torch.isfinite(feats).all()
+    torch.testing.assert_close(feats.sum(-1), torch.ones(3))

@@ -11,6 +11,7 @@ from robo_rl import __version__
 VERBS: dict[str, tuple[str, str]] = {
     "demo": ("robo_rl.cli.demo", "the main job: the newest end-to-end story (make demo)"),
     "collect": ("robo_rl.cli.collect", "record scripted expert demos of a task in the MuJoCo twin"),
+    "ogbench-data": ("robo_rl.cli.ogbench_data", "make an OGBench dataset (.npz) locally with OGBench's own scripted oracles"),
     "dataset": ("robo_rl.cli.dataset", "inspect, check, repair, merge, filter and delete episode stores; import rosbag2 bags"),
     "replay": ("robo_rl.cli.replay", "re-run recorded episodes in the twin and report per-joint divergence"),
     "video": ("robo_rl.cli.video", "write an episode as an H.264 MP4 with its segment labels drawn in"),
@@ -21,6 +22,8 @@ VERBS: dict[str, tuple[str, str]] = {
     "teleop": ("robo_rl.cli.teleop", "drive the arms (twin or ROS 2) from a keyboard, gamepad, SpaceMouse or leader arms"),
     "record": ("robo_rl.cli.record", "record teleop demos or RaC interventions into an episode store, with cameras"),
     "sim-bridge": ("robo_rl.cli.sim_bridge", "serve the MuJoCo twin as a ROS 2 robot (CycloneDDS, no ROS install)"),
+    "offline-rl": ("robo_rl.cli.offline_rl", "offline RL (floq, FQL, SHARSA) on an OGBench dataset: progress, evaluation, results table"),
+    "utd-fit": ("robo_rl.cli.utd_fit", "fit compute-optimal UTD scaling laws to a sweep; pick sigma, N, batch, lr for a budget"),
 }
 
 

@@ -77,7 +77,9 @@ def split_trajectories(terminals: np.ndarray, fraction: float, seed: int) -> tup
     """Rows of whole trajectories: (train rows, held-out rows)."""
     from robo_rl.rl.utd import split_heldout
 
-    ends = np.flatnonzero(np.asarray(terminals, bool))
+    term = np.asarray(terminals, bool)
+    # OGBench's compact layout marks a trajectory's last two rows terminal: one trajectory, not two
+    ends = np.flatnonzero(term & ~np.append(term[1:], False))
     if len(ends) == 0 or ends[-1] != len(terminals) - 1:
         ends = np.append(ends, len(terminals) - 1)
     if fraction <= 0 or len(ends) < 2:
@@ -124,7 +126,9 @@ def run(cfg: DictConfig) -> int:
 
         rows_train, rows_held = split_trajectories(train["terminals"], float(cfg.heldout_fraction), int(cfg.seed))
         arrays = {k: v for k, v in train.items() if k in ("observations", "actions", "terminals", "oracle_reps")}
-        replay = goal_replay(arrays, device, int(cfg.seed))
+        # train and held-out replays from whole trajectories: goals never leak across the split
+        replay = goal_replay({k: v[rows_train] for k, v in arrays.items()}, device, int(cfg.seed))
+        held_replay = goal_replay({k: v[rows_held] for k, v in arrays.items()}, device, int(cfg.seed) + 1) if len(rows_held) else None
         goal_dim = arrays["oracle_reps"].shape[-1] if "oracle_reps" in arrays else arrays["observations"].shape[-1]
         reward_range = (0.0, 1.0)
     else:
@@ -136,7 +140,8 @@ def run(cfg: DictConfig) -> int:
         arrays = {k: train[k] for k in ("observations", "actions", "rewards", "masks", "next_observations")}
         replay = DeviceReplay({k: v[rows_train] for k, v in arrays.items()}, device, int(cfg.seed))
         goal_dim = 0
-        reward_range = (float(train["rewards"].min()), float(train["rewards"].max()))
+        # floq's return support spans the rewards seen and 0 (a short dataset may hold no success)
+        reward_range = (min(float(train["rewards"].min()), 0.0), max(float(train["rewards"].max()), 0.0))
     load_s = time.perf_counter() - t0
     obs_dim, act_dim = arrays["observations"].shape[-1], arrays["actions"].shape[-1]
     agent = make_agent(cfg, obs_dim, act_dim, goal_dim, reward_range, int(cfg.seed)).to(device)
@@ -145,14 +150,8 @@ def run(cfg: DictConfig) -> int:
     if goal_conditioned:
         from robo_rl.rl.sharsa import sample_batch as sharsa_batch
 
-        train_rows = torch.as_tensor(rows_train, device=replay.device)
-        held_rows = torch.as_tensor(rows_held, device=replay.device)
-
-        def draw(rows):
-            return lambda n: sharsa_batch(replay, n, agent.config,
-                                          idx=rows[torch.randint(0, len(rows), (n,), device=replay.device, generator=replay.generator)])
-
-        sample, heldout = draw(train_rows), (draw(held_rows) if len(rows_held) else None)
+        sample = lambda n: sharsa_batch(replay, n, agent.config)  # noqa: E731
+        heldout = (lambda n: sharsa_batch(held_replay, n, agent.config)) if held_replay is not None else None  # noqa: E731
     else:
         held = DeviceReplay({k: v[rows_held] for k, v in arrays.items()}, device, int(cfg.seed) + 1) if len(rows_held) else None
         sample, heldout = replay.sample, (held.sample if held is not None else None)

@@ -99,11 +99,12 @@ def hl_gauss_features(z: torch.Tensor, lo: float, hi: float, bins: int = 50, sig
     """Histogram-loss Gaussian features of scalar returns `z[...]` -> `[..., bins]` probabilities.
 
     `bins + 1` edges evenly on [lo, hi]; each bin gets the mass of N(z, (sigma_bins * width)^2)
-    that falls inside it, renormalised by the mass inside [lo, hi] so the row sums to one.
+    that falls inside it, renormalised by the mass inside [lo, hi] so the row sums to one. z outside
+    [lo, hi] is clamped first: many sigmas out, the mass inside underflows and the row is 0/0.
     """
     edges = torch.linspace(lo, hi, bins + 1, device=z.device, dtype=z.dtype)
     sigma = sigma_bins * (hi - lo) / bins
-    cdf = torch.special.erf((edges - z.unsqueeze(-1)) / (math.sqrt(2.0) * sigma))
+    cdf = torch.special.erf((edges - z.clamp(lo, hi).unsqueeze(-1)) / (math.sqrt(2.0) * sigma))
     return (cdf[..., 1:] - cdf[..., :-1]) / (cdf[..., -1:] - cdf[..., :1])
 
 
