@@ -79,3 +79,19 @@ def test_bad_input_is_one_line(dataset, args, message):
     r = robo_rl_cli("offline-rl", *args, "steps=1")
     assert r.returncode != 0
     assert message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_episode_store_in_the_twin_with_online_finetuning(tmp_path):
+    """Demos from the twin -> FQL offline -> evaluated in the twin -> fine-tuned online at UTD 2."""
+    demos = tmp_path / "demos"
+    assert robo_rl_cli("collect", "task=transfer_cube", "episodes=2", "cameras=[]", f"out={demos}").returncode == 0
+    run = tmp_path / "run"
+    r = robo_rl_cli("offline-rl", "agent=fql", f"dataset={demos}", "steps=6", f"run_dir={run}", "online.env_steps=20",
+                    "online.utd=2", "heldout_fraction=0.5", *[a for a in TINY if not a.startswith("heldout_fraction")])
+    assert r.returncode == 0, r.stderr
+    online = json.loads((run / "online.json").read_text())
+    assert online["env_steps"] == 20 and online["updates"] == 40 and online["utd_achieved"] == 2.0
+    res = json.loads((run / "results.json").read_text())
+    assert "reach_lifted_by_right" in res["final_eval"] and res["online"]["episodes"] >= 0
+    bad = robo_rl_cli("offline-rl", "agent=fql", f"dataset={demos}", "reward=stage", "steps=1", f"run_dir={tmp_path / 'x'}")
+    assert bad.returncode == 2 and "stage" in bad.stderr and "Traceback" not in bad.stderr

@@ -87,22 +87,121 @@ def split_trajectories(terminals: np.ndarray, fraction: float, seed: int) -> tup
     return split_heldout(len(terminals), fraction, seed=seed, episode_ends=ends + 1)
 
 
+def ogbench_source(cfg: DictConfig, path: Path, device) -> dict:
+    """An OGBench .npz: single-task rewards (floq, FQL) or goals with oracle reps (SHARSA)."""
+    from robo_rl.rl.replay import DeviceReplay
+    from robo_rl.sim import ogbench
+
+    name = ogbench_name(cfg, path)
+    goal_conditioned = cfg.rl.name == "sharsa"
+    env, train, _ = ogbench.make_env_and_datasets(name, path, compact_dataset=goal_conditioned)
+    seed = int(cfg.seed)
+    if goal_conditioned:
+        from robo_rl.rl.sharsa import goal_replay
+
+        rows_train, rows_held = split_trajectories(train["terminals"], float(cfg.heldout_fraction), seed)
+        arrays = {k: v for k, v in train.items() if k in ("observations", "actions", "terminals", "oracle_reps")}
+        # train and held-out replays from whole trajectories: goals never leak across the split
+        replay = goal_replay({k: v[rows_train] for k, v in arrays.items()}, device, seed)
+        held = goal_replay({k: v[rows_held] for k, v in arrays.items()}, device, seed + 1) if len(rows_held) else None
+        goal_dim = arrays["oracle_reps"].shape[-1] if "oracle_reps" in arrays else arrays["observations"].shape[-1]
+        reward_range = (0.0, 1.0)
+    else:
+        if "rewards" not in train:
+            raise ConfigError(f"offline-rl: {name} has no rewards; use a single-task name, e.g. "
+                              f"{name.replace('-v0', '')}-singletask-task2-v0")
+        terminals = train.get("terminals", np.zeros(len(train["observations"]), bool))
+        rows_train, rows_held = split_trajectories(terminals, float(cfg.heldout_fraction), seed)
+        arrays = {k: train[k] for k in ("observations", "actions", "rewards", "masks", "next_observations")}
+        replay = DeviceReplay({k: v[rows_train] for k, v in arrays.items()}, device, seed)
+        held = DeviceReplay({k: v[rows_held] for k, v in arrays.items()}, device, seed + 1) if len(rows_held) else None
+        goal_dim = 0
+        # floq's return support spans the rewards seen and 0 (a short dataset may hold no success)
+        reward_range = (min(float(train["rewards"].min()), 0.0), max(float(train["rewards"].max()), 0.0))
+
+    def evaluate(act_fn):
+        r = ogbench.evaluate(env, act_fn, int(cfg.eval.episodes), seed=int(cfg.eval.seed),
+                             task_ids=list(cfg.eval.task_ids) if cfg.eval.task_ids else None,
+                             goal_conditioned=goal_conditioned, progress=False)
+        return {"success_rate": r["success_rate"], "episodes": r["episodes"], "mean_length": r["mean_episode_length"],
+                **{f"task{k}": v for k, v in r["per_task"].items()}}
+
+    return {"name": name, "replay": replay, "held": held, "n_train": len(rows_train), "n_held": len(rows_held),
+            "goal_dim": goal_dim, "reward_range": reward_range, "arrays": arrays, "evaluate": evaluate, "env": env}
+
+
+def store_source(cfg: DictConfig, path: Path, device) -> dict:
+    """An episode store (demos, rollouts, RaC interventions): one-step transitions with sparse
+    success or stage rewards; actions scaled to [-1, 1] over their recorded range; evaluation
+    and online fine-tuning in the twin (FlatTwinEnv)."""
+    from robo_rl.data.store import EpisodeStore
+    from robo_rl.rl.replay import DeviceReplay, transitions_from_store
+    from robo_rl.rl.utd import split_heldout
+    from robo_rl.sim.rl_env import FlatTwinEnv, evaluate_flat
+    from robo_rl.sim.tasks import TASKS
+
+    store = EpisodeStore.open(path, mode="r")
+    if store.n_episodes == 0:
+        raise ConfigError(f"offline-rl: {path} holds no episodes")
+    task = cfg.task or store.meta(0).task
+    if task not in TASKS:
+        raise ConfigError(f"offline-rl: task={task!r} unknown; pass task= one of {sorted(TASKS)}")
+    obs_keys = list(cfg.obs_keys)
+    stages = None
+    if cfg.reward == "stage":
+        if "stage" not in store.data_keys:
+            raise ConfigError(f"offline-rl: reward=stage needs a per-step 'stage' key in {path} (rollouts recorded with "
+                              f"stages); use reward=success")
+        stages = [store.episode(e, keys=["stage"])["stage"] for e in range(store.n_episodes)]
+    seed = int(cfg.seed)
+    episodes = np.arange(store.n_episodes)
+    if float(cfg.heldout_fraction) > 0 and store.n_episodes >= 2:
+        train_eps, held_eps = split_heldout(store.n_episodes, float(cfg.heldout_fraction), seed=seed)
+    else:
+        train_eps, held_eps = episodes, np.zeros(0, np.int64)
+
+    def transitions(eps):
+        return transitions_from_store(store, obs_keys, reward=str(cfg.reward), episodes=eps.tolist(),
+                                      stages=[stages[e] for e in eps] if stages is not None else None)
+
+    train = transitions(train_eps)
+    low, high = train["actions"].min(0), train["actions"].max(0)
+    span = np.maximum(high - low, 1e-3)  # a joint that never moved still maps to a finite box
+    low, high = low - 0.05 * span, high + 0.05 * span
+
+    def scaled(tr):
+        tr = dict(tr)
+        tr["actions"] = (2 * (tr["actions"] - low) / (high - low) - 1).astype(np.float32)
+        return {k: tr[k] for k in ("observations", "actions", "rewards", "masks", "next_observations")}
+
+    arrays = scaled(train)
+    replay = DeviceReplay(arrays, device, seed)
+    held = DeviceReplay(scaled(transitions(held_eps)), device, seed + 1) if len(held_eps) else None
+    env = FlatTwinEnv(task, obs_keys, low, high, reward=str(cfg.reward))
+
+    def evaluate(act_fn):
+        return evaluate_flat(env, lambda o: act_fn(o), int(cfg.eval.episodes), int(cfg.eval.seed))
+
+    return {"name": f"{task} ({path.name})", "replay": replay, "held": held, "n_train": len(replay),
+            "n_held": len(held) if held is not None else 0, "goal_dim": 0, "reward_range": (0.0, 1.0),
+            "arrays": arrays, "evaluate": evaluate, "env": env}
+
+
 def run(cfg: DictConfig) -> int:
     import torch
 
     from robo_rl.learn.learner import resolve_device, seed_everything
     from robo_rl.learn.offline import OfflineConfig, OfflineLoop
-    from robo_rl.rl.replay import DeviceReplay
-    from robo_rl.sim import ogbench
-
     if cfg.rl.name not in AGENT_NAMES:
         raise ConfigError(f"offline-rl: agent={cfg.rl.name!r} unknown; agents are {', '.join(AGENT_NAMES)}")
     if not cfg.dataset:
-        raise ConfigError("offline-rl: pass dataset=PATH (an OGBench .npz from `robo-rl ogbench-data`)")
+        raise ConfigError("offline-rl: pass dataset=PATH (an OGBench .npz from `robo-rl ogbench-data`, or an episode store)")
     path = Path(cfg.dataset)
-    if path.suffix != ".npz":
-        raise ConfigError(f"offline-rl: dataset={path}: give an OGBench-layout .npz (episode stores: value-guided "
-                          f"selection trains its chunk critic with `robo-rl critic`)")
+    if path.suffix != ".npz" and not path.is_dir():
+        raise ConfigError(f"offline-rl: dataset={path}: give an OGBench-layout .npz or an episode store directory")
+    if path.is_dir() and cfg.rl.name == "sharsa":
+        raise ConfigError("offline-rl: sharsa is goal-conditioned; train it on an OGBench goal-conditioned or "
+                          "oracle-rep dataset (.npz)")
     for key in ("steps", "batch_size"):
         if int(cfg[key]) < 1:
             raise ConfigError(f"offline-rl: {key}={cfg[key]} must be >= 1")
@@ -117,31 +216,14 @@ def run(cfg: DictConfig) -> int:
     if not cfg.resume and last.is_file():
         raise ConfigError(f"offline-rl: {run_dir} already holds a run; pass resume=true or another run_dir=")
 
-    name = ogbench_name(cfg, path)
     goal_conditioned = cfg.rl.name == "sharsa"
     t0 = time.perf_counter()
-    env, train, _ = ogbench.make_env_and_datasets(name, path, compact_dataset=goal_conditioned)
-    if goal_conditioned:
-        from robo_rl.rl.sharsa import goal_replay
-
-        rows_train, rows_held = split_trajectories(train["terminals"], float(cfg.heldout_fraction), int(cfg.seed))
-        arrays = {k: v for k, v in train.items() if k in ("observations", "actions", "terminals", "oracle_reps")}
-        # train and held-out replays from whole trajectories: goals never leak across the split
-        replay = goal_replay({k: v[rows_train] for k, v in arrays.items()}, device, int(cfg.seed))
-        held_replay = goal_replay({k: v[rows_held] for k, v in arrays.items()}, device, int(cfg.seed) + 1) if len(rows_held) else None
-        goal_dim = arrays["oracle_reps"].shape[-1] if "oracle_reps" in arrays else arrays["observations"].shape[-1]
-        reward_range = (0.0, 1.0)
+    if path.suffix == ".npz":
+        src = ogbench_source(cfg, path, device)
     else:
-        if "rewards" not in train:
-            raise ConfigError(f"offline-rl: {name} has no rewards; use a single-task name, e.g. "
-                              f"{name.replace('-v0', '')}-singletask-task2-v0")
-        terminals = train.get("terminals", np.zeros(len(train["observations"]), bool))
-        rows_train, rows_held = split_trajectories(terminals, float(cfg.heldout_fraction), int(cfg.seed))
-        arrays = {k: train[k] for k in ("observations", "actions", "rewards", "masks", "next_observations")}
-        replay = DeviceReplay({k: v[rows_train] for k, v in arrays.items()}, device, int(cfg.seed))
-        goal_dim = 0
-        # floq's return support spans the rewards seen and 0 (a short dataset may hold no success)
-        reward_range = (min(float(train["rewards"].min()), 0.0), max(float(train["rewards"].max()), 0.0))
+        src = store_source(cfg, path, device)
+    name, replay, held_replay, n_train, n_held = src["name"], src["replay"], src["held"], src["n_train"], src["n_held"]
+    goal_dim, reward_range, arrays = src["goal_dim"], src["reward_range"], src["arrays"]
     load_s = time.perf_counter() - t0
     obs_dim, act_dim = arrays["observations"].shape[-1], arrays["actions"].shape[-1]
     agent = make_agent(cfg, obs_dim, act_dim, goal_dim, reward_range, int(cfg.seed)).to(device)
@@ -153,10 +235,9 @@ def run(cfg: DictConfig) -> int:
         sample = lambda n: sharsa_batch(replay, n, agent.config)  # noqa: E731
         heldout = (lambda n: sharsa_batch(held_replay, n, agent.config)) if held_replay is not None else None  # noqa: E731
     else:
-        held = DeviceReplay({k: v[rows_held] for k, v in arrays.items()}, device, int(cfg.seed) + 1) if len(rows_held) else None
-        sample, heldout = replay.sample, (held.sample if held is not None else None)
+        sample, heldout = replay.sample, (held_replay.sample if held_replay is not None else None)
 
-    def act_fn(obs, goal):
+    def act_fn(obs, goal=None):
         with torch.no_grad():
             o = torch.as_tensor(obs, dtype=torch.float32, device=device).unsqueeze(0)
             if goal_conditioned:
@@ -167,13 +248,9 @@ def run(cfg: DictConfig) -> int:
     def evaluate(step):
         agent.eval()
         try:
-            r = ogbench.evaluate(env, act_fn, int(cfg.eval.episodes), seed=int(cfg.eval.seed),
-                                 task_ids=list(cfg.eval.task_ids) if cfg.eval.task_ids else None,
-                                 goal_conditioned=goal_conditioned, progress=False)
+            return src["evaluate"](act_fn)
         finally:
             agent.train()
-        return {"success_rate": r["success_rate"], "episodes": r["episodes"], "mean_length": r["mean_episode_length"],
-                **{f"task{k}": v for k, v in r["per_task"].items()}}
 
     loop_cfg = OfflineConfig(steps=int(cfg.steps), batch_size=int(cfg.batch_size), log_every=int(cfg.log_every),
                              eval_every=int(cfg.eval.every), heldout_every=int(cfg.heldout_every),
@@ -190,16 +267,18 @@ def run(cfg: DictConfig) -> int:
     if cfg.resume:
         loop.load(last)
         print(f"resumed {run_dir} at update {loop.step}")
-    print(f"offline-rl {cfg.rl.name} ({n_params / 1e6:.2f}M params) on {name}: {len(rows_train)} train rows, "
-          f"{len(rows_held)} held out, replay {replay.nbytes() / 2**20:.0f} MiB on {device} (loaded in {load_s:.1f} s) -> {run_dir}")
+    print(f"offline-rl {cfg.rl.name} ({n_params / 1e6:.2f}M params) on {name}: {n_train} train rows, "
+          f"{n_held} held out, replay {replay.nbytes() / 2**20:.0f} MiB on {device} (loaded in {load_s:.1f} s) -> {run_dir}")
     result = loop.fit()
 
     if int(cfg.online.env_steps) > 0 and not goal_conditioned:
-        result["online"] = online_phase(cfg, agent, env, replay, evaluate, run_dir)
+        result["online"] = online_phase(cfg, agent, src["env"], replay, evaluate, run_dir)
+        # an online run is one point of a UTD sweep: sigma is its UTD, the curve its learning curve
+        result.update(sigma=float(cfg.online.utd), curve=result["online"]["curve"], final_score=result["online"]["success_rate"])
         (run_dir / "results.json").write_text(json.dumps(result, indent=1, default=float))
 
     final = result.get("final_eval") or {}
-    rows = [("agent", cfg.rl.name), ("dataset", f"{name} ({len(rows_train)} rows)"), ("updates", result["updates"]),
+    rows = [("agent", cfg.rl.name), ("dataset", f"{name} ({n_train} rows)"), ("updates", result["updates"]),
             ("updates/s", f"{result['updates_per_s']:.2f}"), ("train time", f"{result['train_time_s'] / 60:.1f} min")]
     if "heldout_td_error" in result:
         rows.append(("TD error train / held-out", f"{result['train_td_error']:.4g} / {result['heldout_td_error']:.4g}"))
@@ -233,10 +312,16 @@ def online_phase(cfg: DictConfig, agent, env, replay, evaluate, run_dir: Path) -
                     "next_observations": next_obs})
 
     replay.reserve(int(cfg.online.env_steps))
+    every = int(cfg.online.eval_every)
     out = online_finetune(Acting(), env, add, float(cfg.online.utd), int(cfg.online.env_steps), int(cfg.batch_size),
-                          replay.sample, progress=True, seed=int(cfg.seed))
+                          replay.sample, eval_fn=(lambda _: evaluate(agent.updates)["success_rate"]) if every else None,
+                          eval_every=every, progress=True, seed=int(cfg.seed))
     final = evaluate(agent.updates)
     summary = {"env_steps": out["env_steps"], "updates": out["updates"], "utd": float(cfg.online.utd),
-               "utd_achieved": out["utd_achieved"], "episodes": out["episodes"], **final}
+               "utd_achieved": out["utd_achieved"], "episodes": out["episodes"], "success_rate": final["success_rate"],
+               "eval": final, "evaluations": out["evaluations"],
+               # what `robo-rl utd-fit` reads: score against environment data consumed
+               "curve": [[e["env_step"], e["score"]] for e in out["evaluations"] if "score" in e]
+               + [[out["env_steps"], final["success_rate"]]]}
     (run_dir / "online.json").write_text(json.dumps(summary, indent=1, default=float))
     return summary
