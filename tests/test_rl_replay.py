@@ -119,3 +119,37 @@ def test_device_replay_sampling_is_seeded_bounded_and_appendable():
     assert float(seen.max()) >= 100  # appended rows are sampled
     with pytest.raises(RoboRLError, match="disagree"):
         DeviceReplay({"a": np.zeros(3), "b": np.zeros(4)})
+
+
+def test_offline_loop_flags_td_overfitting_and_survives_a_diverged_critic(tmp_path):
+    """The loop's held-out check: training TD error falls while held-out rises -> flagged once in
+    results.json; a NaN measurement is logged, not fatal."""
+    from robo_rl.learn.offline import OfflineConfig, OfflineLoop
+
+    class Scripted(torch.nn.Module):
+        """An 'agent' whose TD errors follow a script: train falls, held-out rises."""
+
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+            self.updates, self.calls = 0, 0
+
+        def update(self, batch):
+            self.updates += 1
+            return {"critic/loss": torch.tensor(1.0)}
+
+        def td_errors(self, batch):
+            self.calls += 1
+            k = self.updates
+            if k == 7 and batch["held"][0]:
+                return torch.tensor([float("nan")])
+            return torch.tensor([2.0 + 0.1 * k if batch["held"][0] else 2.0 / k])
+
+    agent = Scripted()
+    loop = OfflineLoop(agent, OfflineConfig(steps=40, batch_size=2, log_every=1, heldout_every=1, checkpoint_every=0),
+                       tmp_path, sample=lambda n: {"held": torch.zeros(n, dtype=torch.bool)},
+                       heldout=lambda n: {"held": torch.ones(n, dtype=torch.bool)}, progress=False)
+    result = loop.fit()
+    assert result["updates"] == 40 and result["td_overfitting"] is True
+    assert any(r["heldout_td_error"] != r["heldout_td_error"] for r in result["td_history"])  # the NaN is kept
+    assert (tmp_path / "checkpoints" / "last.pt").is_file() and (tmp_path / "results.json").is_file()

@@ -56,6 +56,10 @@ class OfflineLoop:
         self.step = 0
         self.evals: list[dict] = []
         self.td_history: list[dict] = []
+        from robo_rl.rl.utd import HeldoutTD
+
+        self.overfit = HeldoutTD()  # flags held-out TD error rising while the training one falls
+        self.overfit_warned = False
 
     @property
     def last_path(self) -> Path:
@@ -78,7 +82,9 @@ class OfflineLoop:
     def _heldout_td(self, metrics: Mapping[str, float]) -> dict:
         train = self.agent.td_errors(self.sample(self.cfg.batch_size)).mean().item()
         held = self.agent.td_errors(self.heldout(self.cfg.batch_size)).mean().item()
-        row = {"step": self.step, "train_td_error": train, "heldout_td_error": held}
+        finite = all(map(lambda x: x == x and abs(x) != float("inf"), (train, held)))  # a diverged critic: log, not crash
+        row = {"step": self.step, "train_td_error": train, "heldout_td_error": held,
+               "td_overfitting": bool(self.overfit.record(self.step, train, held)) if finite else False}
         self.td_history.append(row)
         return row
 
@@ -132,6 +138,11 @@ class OfflineLoop:
                            "updates_per_s": window / max(now - t_window, 1e-9)}
                     if self.heldout is not None and cfg.heldout_every and self.step % cfg.heldout_every == 0:
                         row.update(self._heldout_td(row))
+                        if row["td_overfitting"] and not self.overfit_warned:
+                            self.overfit_warned = True
+                            (bar.write if bar is not None else print)(
+                                f"TD-overfitting at update {self.step}: held-out TD error rising while the training "
+                                f"one falls (a bigger critic or a smaller batch/UTD; robo_rl/rl/utd.py)")
                     self._log("metrics.jsonl", row)
                     if writer is not None:
                         for k, v in row.items():
@@ -165,6 +176,7 @@ class OfflineLoop:
                   "stopped": stop["flag"], "final_eval": final, "evals": self.evals, "td_history": self.td_history,
                   "config": asdict(cfg), **self.extra}
         if self.td_history:
+            result["td_overfitting"] = any(r["td_overfitting"] for r in self.td_history)
             result["train_td_error"] = self.td_history[-1]["train_td_error"]
             result["heldout_td_error"] = self.td_history[-1]["heldout_td_error"]
         (self.run_dir / "results.json").write_text(json.dumps(result, indent=1, default=float))
