@@ -96,6 +96,12 @@ def run(cfg: DictConfig) -> int:
         raise ConfigError("deploy: pass checkpoint=PATH (a policy trained with robo-rl train)")
     ckpt = read_checkpoint(cfg.checkpoint)
     policy = load_policy(ckpt)
+    predict = predictor(policy, cfg.inference_steps)
+    if cfg.critic:  # issue 7: value-guided chunk selection (best of critic_samples), checked before the robot opens
+        from robo_rl.cli.critic import value_guided
+
+        predict = value_guided(predict, cfg.critic, int(cfg.critic_samples), policy, cfg.task or ckpt.get("task"),
+                               ckpt.get("chunking") or {})
     robot, hardware = make_robot(cfg, policy, cfg.task or ckpt.get("task"))
     robot.connect()
     safety_cfg = SafetyConfig.from_yaml(hardware)
@@ -103,7 +109,6 @@ def run(cfg: DictConfig) -> int:
     duration = cfg.duration
     if duration is None:
         duration = robot.env.max_steps / robot.spec.control_hz if cfg.robot == "sim" else 30.0
-    predict = predictor(policy, cfg.inference_steps)
     first = robot.observe()  # warm-up: the first call traces the sampler, which must not happen mid-run
     predict(observation_window([first] * ctl_cfg.n_obs))
     estop = EStop()
@@ -132,6 +137,8 @@ def run(cfg: DictConfig) -> int:
     if cfg.robot == "sim":
         rows.append(["task stage reached", f"{robot.env.task.stage_names[robot.max_stage]} (success: {robot.success})"])
     print_table(f"deploy: {cfg.checkpoint}", ["measure", "value"], rows)
+    if cfg.critic:  # issue 7
+        print(predict.describe())
     if s["stopped_reason"]:
         print(f"stopped: {s['stopped_reason']}")
         return 1

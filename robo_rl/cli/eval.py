@@ -36,7 +36,7 @@ def predictor(policy: Any, inference_steps: int | None = None, frozen: bool = Tr
 
 def run_eval(policy: Any, task: str, chunking: Mapping[str, Any], episodes: int, n_envs: int, seed: int,
              videos: int, out: Path | None, inference_steps: int | None = None, max_steps: int | None = None,
-             progress: bool = True, count_recoveries: bool = False):
+             progress: bool = True, count_recoveries: bool = False, predict: Any = None, record: str | None = None):
     from robo_rl.runtime.chunking import ChunkingConfig
     from robo_rl.sim.rollout import evaluate_policy
 
@@ -47,7 +47,13 @@ def run_eval(policy: Any, task: str, chunking: Mapping[str, Any], episodes: int,
         chunk_cfg = ChunkingConfig(**dict(chunking))
     except TypeError as e:
         raise ConfigError(f"chunking: {e}") from None
-    return evaluate_policy(predictor(policy, inference_steps), task, keys, cfg.n_obs, cfg.horizon, chunk_cfg,
+    predict = predictor(policy, inference_steps) if predict is None else predict  # value-guided selection passes its own (issue 7)
+    if record:  # issue 7: the same rollouts, also written to an episode store with per-step stages
+        from robo_rl.sim.critic_data import record_rollouts
+
+        return record_rollouts(predict, task, keys, cfg.n_obs, cfg.horizon, chunk_cfg, record, episodes=episodes,
+                               n_envs=n_envs, seed=seed, image_size=image_size, max_steps=max_steps, progress=progress)
+    return evaluate_policy(predict, task, keys, cfg.n_obs, cfg.horizon, chunk_cfg,
                            episodes=episodes, n_envs=n_envs, seed=seed, image_size=image_size, videos=videos,
                            video_dir=out / "videos" if out is not None else None, max_steps=max_steps, progress=progress,
                            count_recoveries=count_recoveries)
@@ -93,10 +99,22 @@ def run(cfg: DictConfig) -> int:
     chunking.update({k: v for k, v in overrides.items() if v is not None})
     out = Path(cfg.out) if cfg.out else path.parent.parent / f"eval-{path.stem}"
     torch.manual_seed(int(cfg.seed))
+    # --- issue 7: value-guided chunk selection (critic=PATH) and rollout recording (record=PATH) ---
+    predict, guided = predictor(policy, cfg.inference_steps), None
+    if cfg.critic:
+        from robo_rl.cli.critic import value_guided
+
+        predict = guided = value_guided(predict, cfg.critic, int(cfg.critic_samples), policy, task, chunking)
     summary = run_eval(policy, task, chunking, int(cfg.episodes), int(cfg.n_envs), int(cfg.seed), int(cfg.videos), out,
-                       cfg.inference_steps, cfg.max_steps)
+                       cfg.inference_steps, cfg.max_steps, predict=predict, record=cfg.record)
+    extra = {"critic": str(cfg.critic), **guided.stats()} if guided is not None else {}
+    if cfg.record:
+        extra["record"] = str(cfg.record)
+    # --- end issue 7 ---
     result = write_eval(summary, out, checkpoint=str(path), step=int(ckpt.get("step", 0)), ema=bool(cfg.ema),
-                        chunking=chunking, inference_steps=cfg.inference_steps or policy.config.inference_steps)
+                        chunking=chunking, inference_steps=cfg.inference_steps or policy.config.inference_steps, **extra)
     print_summary(summary, f"eval {task}: {policy.name} policy, step {result['step']}")
+    if guided is not None:
+        print(guided.describe())
     print(f"results: {out / 'eval.json'}")
     return 0

@@ -22,6 +22,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "teleop": ("robo_rl.cli.teleop", "drive the arms (twin or ROS 2) from a keyboard, gamepad, SpaceMouse or leader arms"),
     "record": ("robo_rl.cli.record", "record teleop demos or RaC interventions into an episode store, with cameras"),
     "sim-bridge": ("robo_rl.cli.sim_bridge", "serve the MuJoCo twin as a ROS 2 robot (CycloneDDS, no ROS install)"),
+    "critic": ("robo_rl.cli.critic", "train a chunk critic on episode stores for value-guided chunk selection (eval/deploy critic=)"),
     "offline-rl": ("robo_rl.cli.offline_rl", "offline RL (floq, FQL, SHARSA) on an OGBench dataset: progress, evaluation, results table"),
     "utd-fit": ("robo_rl.cli.utd_fit", "fit compute-optimal UTD scaling laws to a sweep; pick sigma, N, batch, lr for a budget"),
 }

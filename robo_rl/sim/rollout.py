@@ -12,7 +12,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -23,6 +23,14 @@ from robo_rl.sim.operator import RecoveryCounter
 
 PredictFn = Callable[[Mapping[str, np.ndarray]], np.ndarray]
 IMAGE_PREFIX = "obs/images/"
+
+
+class EpisodeRecorder(Protocol):
+    """What `evaluate_policy` tells a recorder (e.g. critic_data.RolloutRecorder) about env i."""
+
+    def begin(self, i: int, env: BimanualEnv, obs: Mapping[str, Any], seed: int) -> None: ...
+    def step(self, i: int, obs: Mapping[str, Any], info: Mapping[str, Any]) -> None: ...
+    def end(self, i: int, success: bool, max_stage: int, length: int) -> None: ...
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
@@ -129,6 +137,7 @@ def evaluate_policy(
     progress: bool = True,
     stop_on_success: bool = True,
     count_recoveries: bool = False,
+    recorder: EpisodeRecorder | None = None,
 ) -> EvalSummary:
     """Run `episodes` episodes (seeds seed, seed+1, ...) on `n_envs` envs in lockstep."""
     if episodes < 1 or n_envs < 1:
@@ -168,6 +177,8 @@ def evaluate_policy(
             counters[i].reset()
         windows[i] = [_env_obs(obs, obs_keys)] * n_obs  # pad with the first frame, as the sampler does
         lengths[i], max_stage[i], active[i] = 0, 0, True
+        if recorder is not None:
+            recorder.begin(i, envs[i], obs, seeds[i])
         frames[i] = None
         if i == 0 and videos_started < videos:
             frames[i] = [envs[i].render()]
@@ -186,6 +197,8 @@ def evaluate_policy(
                 obs, _, terminated, truncated, info = envs[i].step(execs[i].next().astype(np.float32))
                 if counters:
                     counters[i].update(info["executed_action"])
+                if recorder is not None:
+                    recorder.step(i, obs, info)
                 lengths[i] += 1
                 max_stage[i] = max(max_stage[i], int(info["max_stage"]))
                 windows[i] = windows[i][1:] + [_env_obs(obs, obs_keys)]
@@ -194,6 +207,8 @@ def evaluate_policy(
                 if (terminated and stop_on_success) or truncated:
                     results.append(EpisodeResult(seeds[i], bool(info["success"]), max_stage[i], lengths[i],
                                                  counters[i].count if counters else 0))
+                    if recorder is not None:
+                        recorder.end(i, bool(info["success"]), max_stage[i], lengths[i])
                     if frames[i] is not None and video_dir is not None:
                         video_paths.append(_write_video(frames[i], Path(video_dir), seeds[i], bool(info["success"]),
                                                         envs[i].metadata["render_fps"]))
