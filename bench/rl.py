@@ -1,15 +1,15 @@
 """Offline-RL benchmark: updates/s of floq, FQL and SHARSA at their default sizes.
 
 (a) CPU, all threads (2 on the dev box): one full update (critic + actor + Polyak) on a batch from
-    a device replay, OGBench cube-single shapes (obs 28, action 5; SHARSA: goal 3 = the oracle
-    representation of cube-double's... cube position). floq at K = 8, R = 8 with float32 and with
-    bf16 read-outs. For scale, the JAX references on a 2-core machine: FQL 11.4, floq (K = 8,
+    a device replay, OGBench cube-single shapes (obs 28, action 5; SHARSA: goal 3, a cube
+    position). FQL and floq (K = 8, R = 8) in float32 and with their no-grad passes (the BC-flow
+    teacher, floq's read-outs) in bf16. For scale, the JAX references on a 2-core machine: FQL 11.4, floq (K = 8,
     R = 8) 2.0, SHARSA (batch 1024, 4x1024) 1.25 updates/s; targets: FQL and SHARSA at least as
     fast, floq at least twice as fast.
 (b) Baseline measured in the same run: floq's read-out (the no-grad integrations that dominate
     an update) as one batched network over ensemble x noise copies, against a Python loop over
     members and copies with the same weights.
-(c) GPU (only when CUDA is available): the same updates in float32, with bf16 read-outs, and with
+(c) GPU (only when CUDA is available): the same updates in float32, with bf16 no-grad passes, and with
     torch.compile of the loss functions (mode max-autotune: CUDA graphs).
 
     python bench/rl.py [--seconds 20] [--only cpu|loop|gpu] [--agents floq,fql,sharsa]
@@ -92,8 +92,10 @@ def updates_per_s(agent, sample, device: str, seconds: float, warmup: int = 2) -
 def cpu_part(console, agents: list[str], seconds: float) -> None:
     t = table(f"(a) updates/s on CPU ({torch.get_num_threads()} threads), default sizes",
               ["agent", "updates/s", "updates timed", "JAX reference", "ratio"])
-    rows = [("fql", "fql", {}), ("floq", "floq (K=8, R=8, float32 read-outs)", {}),
-            ("floq", "floq (K=8, R=8, bf16 read-outs)", {"readout_dtype": "bfloat16"}), ("sharsa", "sharsa (batch 1024, 4x1024)", {})]
+    bf16 = {"nograd_dtype": "bfloat16"}
+    rows = [("fql", "fql (float32)", {}), ("fql", "fql (bf16 no-grad passes)", bf16),
+            ("floq", "floq (K=8, R=8, float32)", {}), ("floq", "floq (K=8, R=8, bf16 no-grad passes)", bf16),
+            ("sharsa", "sharsa (batch 1024, 4x1024)", {})]
     for name, label, over in rows:
         if name not in agents:
             continue
@@ -162,15 +164,15 @@ def gpu_part(console, agents: list[str], seconds: float) -> None:
     if not torch.cuda.is_available():
         console.print("(c) GPU: CUDA not available here; skipped")
         return
-    t = table(f"(c) updates/s on {torch.cuda.get_device_name()}", ["agent", "float32", "bf16 read-outs", "torch.compile"])
+    t = table(f"(c) updates/s on {torch.cuda.get_device_name()}", ["agent", "float32", "bf16 no-grad passes", "torch.compile"])
     for name in agents:
+        bf16 = "-"
+        if name != "sharsa":
+            low, low_sample, *_ = make(name, "cuda", nograd_dtype="bfloat16")
+            bf16 = f"{updates_per_s(low, low_sample, 'cuda', seconds)[0]:.1f}"
+            del low
         agent, sample, *_ = make(name, "cuda")
         base, _ = updates_per_s(agent, sample, "cuda", seconds)
-        bf16 = "-"
-        if name == "floq":
-            agent.config.readout_dtype = "bfloat16"
-            bf16 = f"{updates_per_s(agent, sample, 'cuda', seconds)[0]:.1f}"
-            agent.config.readout_dtype = "float32"
         try:
             for fn in ("critic_loss", "actor_loss"):
                 setattr(agent, fn, torch.compile(getattr(agent, fn), mode="max-autotune"))

@@ -272,3 +272,17 @@ def test_hl_gauss_features_stay_finite_far_outside_the_support():
     feats = hl_gauss_features(z, -1.01 / 0.01, -0.99 / 0.01)  # a support that excludes all three
     assert torch.isfinite(feats).all()
     torch.testing.assert_close(feats.sum(-1), torch.ones(3))
+
+
+def test_bf16_teacher_flow_stays_close_and_bad_dtype_is_refused():
+    from robo_rl.errors import RoboRLError
+
+    full = FQL(3, 2, FQLConfig(hidden=(32, 32)), seed=0)
+    low = FQL(3, 2, FQLConfig(hidden=(32, 32), nograd_dtype="bfloat16"), seed=0)
+    low.load_state_dict(full.state_dict())
+    obs, eps = torch.randn(16, 3), torch.randn(16, 2)
+    a, b = full.actor.flow_actions(obs, eps), low.actor.flow_actions(obs, eps)
+    assert not torch.equal(a, b)  # the bf16 path is really taken
+    torch.testing.assert_close(b, a, atol=0.05, rtol=0)
+    with pytest.raises(RoboRLError, match="nograd_dtype"):
+        FQL(3, 2, FQLConfig(nograd_dtype="float16"))

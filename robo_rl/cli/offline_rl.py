@@ -92,6 +92,9 @@ def ogbench_source(cfg: DictConfig, path: Path, device) -> dict:
     from robo_rl.rl.replay import DeviceReplay
     from robo_rl.sim import ogbench
 
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*precision lowered.*")  # OGBench's float64 Box bounds, harmless
     name = ogbench_name(cfg, path)
     goal_conditioned = cfg.rl.name == "sharsa"
     env, train, _ = ogbench.make_env_and_datasets(name, path, compact_dataset=goal_conditioned)

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from robo_rl.rl.fql import FlowActor, FQLConfig, aggregate, frozen
+from robo_rl.rl.fql import FlowActor, FQLConfig, adam, aggregate, dtype_named, frozen
 from robo_rl.rl.nets import EnsembleMLP, hl_gauss_features, polyak
 
 
@@ -39,7 +39,6 @@ class FloqConfig(FQLConfig):
     sigma_bins: float = 16.0
     r_min: float | None = None  # reward range; None = take it from the dataset
     r_max: float | None = None
-    readout_dtype: str = "float32"  # float32 | bfloat16: precision of the no-grad read-outs
 
 
 class FlowCritic(nn.Module):
@@ -91,12 +90,13 @@ class Floq(nn.Module):
         r_max = cfg.r_max if cfg.r_max is not None else reward_range[1]
         self.z0_lo = cfg.noise_coverage * r_min / (1 - cfg.gamma)
         self.z0_hi = cfg.noise_coverage * r_max / (1 - cfg.gamma)
-        self.actor = FlowActor(obs_dim, act_dim, cfg.hidden, cfg.actor_layer_norm, cfg.flow_steps)
+        self.actor = FlowActor(obs_dim, act_dim, cfg.hidden, cfg.actor_layer_norm, cfg.flow_steps,
+                               dtype_named(cfg.nograd_dtype))
         self.floq = FlowCritic(obs_dim, act_dim, cfg, r_min, r_max)
         self.target_floq = copy.deepcopy(self.floq).requires_grad_(False)
         self.distilled = EnsembleMLP(obs_dim + act_dim, cfg.hidden, 1, members=cfg.ensemble)
         params = [*self.actor.parameters(), *self.floq.parameters(), *self.distilled.parameters()]
-        self.optimizer = torch.optim.Adam(params, lr=cfg.lr)
+        self.optimizer = adam(params, cfg.lr)
         self.generator: torch.Generator | None = None
         self.updates = 0
 
@@ -106,7 +106,7 @@ class Floq(nn.Module):
 
     @property
     def readout_dtype(self) -> torch.dtype:
-        return {"float32": torch.float32, "bfloat16": torch.bfloat16}[self.config.readout_dtype]
+        return dtype_named(self.config.nograd_dtype)
 
     def q_distilled(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         return self.distilled(torch.cat([obs, actions], -1)).squeeze(-1)  # [E, B]

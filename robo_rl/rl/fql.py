@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
+from robo_rl.errors import RoboRLError
 from robo_rl.rl.nets import EnsembleMLP, polyak
 
 
@@ -36,6 +37,16 @@ class FQLConfig:
     q_agg: str = "mean"  # how target members combine: mean | min
     actor_layer_norm: bool = False  # FQL's actor has no LayerNorm; its critic has
     normalize_q_loss: bool = False  # divide the Q term by mean |Q| (detached)
+    # Precision of the no-grad passes (the BC-flow teacher; floq's read-outs): bfloat16 runs their
+    # hidden layers 2-4x faster on AVX512-BF16 CPUs and GPUs; outputs stay float32.
+    nograd_dtype: str = "float32"
+
+
+def dtype_named(name: str) -> torch.dtype:
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+    if name not in dtypes:
+        raise RoboRLError(f"nograd_dtype={name!r}: choose float32 or bfloat16")
+    return dtypes[name]
 
 
 def aggregate(values: torch.Tensor, how: str) -> torch.Tensor:
@@ -46,18 +57,22 @@ def aggregate(values: torch.Tensor, how: str) -> torch.Tensor:
 class FlowActor(nn.Module):
     """Flow BC velocity field v(s, a_t, t) and the one-step policy mu(s, eps)."""
 
-    def __init__(self, obs_dim: int, act_dim: int, hidden, layer_norm: bool, flow_steps: int):
+    def __init__(self, obs_dim: int, act_dim: int, hidden, layer_norm: bool, flow_steps: int,
+                 nograd_dtype: torch.dtype = torch.float32):
         super().__init__()
-        self.act_dim, self.flow_steps = act_dim, flow_steps
+        self.act_dim, self.flow_steps, self.nograd_dtype = act_dim, flow_steps, nograd_dtype
         self.bc_flow = EnsembleMLP(obs_dim + act_dim + 1, hidden, act_dim, layer_norm=layer_norm)
         self.one_step = EnsembleMLP(obs_dim + act_dim, hidden, act_dim, layer_norm=layer_norm)
 
     def flow_actions(self, obs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         """Integrate the BC flow from `noise` with Euler steps; clipped to the action box."""
         a = noise
+        low = self.bc_flow.low_precision(self.nograd_dtype) if self.nograd_dtype != torch.float32 else None
         for i in range(self.flow_steps):
             t = torch.full_like(a[:, :1], i / self.flow_steps)
-            a = a + self.bc_flow.single(torch.cat([obs, a, t], -1)) / self.flow_steps
+            x = torch.cat([obs, a, t], -1)
+            v = self.bc_flow.single(x) if low is None else self.bc_flow.forward_with(x, low)[0]
+            a = a + v / self.flow_steps
         return a.clamp(-1, 1)
 
     def one_step_actions(self, obs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
@@ -92,6 +107,11 @@ class FlowActor(nn.Module):
         return loss, {"actor/bc_flow": bc_flow.detach(), "actor/distill": distill.detach(), "actor/q": q.mean().detach()}
 
 
+def adam(params, lr: float) -> torch.optim.Adam:
+    """Adam with the fused kernel (one pass over all tensors; 2x cheaper steps on CPU too)."""
+    return torch.optim.Adam(params, lr=lr, fused=True)
+
+
 def frozen(module: nn.Module):
     """Context: `module`'s parameters record no gradient (actions still get one through it)."""
 
@@ -116,10 +136,11 @@ class FQL(nn.Module):
         self.config = cfg = config or FQLConfig()
         torch.manual_seed(seed)
         self.obs_dim, self.act_dim = obs_dim, act_dim
-        self.actor = FlowActor(obs_dim, act_dim, cfg.hidden, cfg.actor_layer_norm, cfg.flow_steps)
+        self.actor = FlowActor(obs_dim, act_dim, cfg.hidden, cfg.actor_layer_norm, cfg.flow_steps,
+                               dtype_named(cfg.nograd_dtype))
         self.critic = EnsembleMLP(obs_dim + act_dim, cfg.hidden, 1, members=cfg.ensemble)
         self.target_critic = copy.deepcopy(self.critic).requires_grad_(False)
-        self.optimizer = torch.optim.Adam([*self.actor.parameters(), *self.critic.parameters()], lr=cfg.lr)
+        self.optimizer = adam([*self.actor.parameters(), *self.critic.parameters()], cfg.lr)
         self.generator: torch.Generator | None = None
         self.updates = 0
 
