@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from robo_rl.errors import ConfigError
-from robo_rl.rl.nets import EnsembleMLP, polyak
+from robo_rl.rl.nets import EnsembleMLP, adam, polyak
 from robo_rl.rl.replay import nstep_returns, trajectory_bounds
 
 FORMAT = "robo_rl.chunk_critic"
@@ -228,7 +228,7 @@ class ChunkCritic(nn.Module):
         for name, dim in (("obs_mean", obs_dim), ("obs_std", obs_dim), ("act_mean", act_dim), ("act_std", act_dim)):
             if getattr(self, name).shape != (dim,):
                 raise ConfigError(f"critic: stats '{name}' has shape {tuple(getattr(self, name).shape)}, expected ({dim},)")
-        self.optimizer = torch.optim.Adam(self.critic.parameters(), lr=cfg.lr)
+        self.optimizer = adam(self.critic.parameters(), cfg.lr)
         self.updates = 0
 
     # -- inputs and heads

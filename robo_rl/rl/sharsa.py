@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from robo_rl.errors import RoboRLError
-from robo_rl.rl.nets import EnsembleMLP, polyak
+from robo_rl.rl.nets import EnsembleMLP, adam, polyak
 from robo_rl.rl.replay import DeviceReplay, trajectory_bounds
 
 
@@ -239,7 +239,7 @@ class Sharsa(nn.Module):
             self.low_critic = EnsembleMLP(obs_dim + goal_dim + act_dim, H, 1, members=cfg.ensemble)
             self.target_low_critic = copy.deepcopy(self.low_critic).requires_grad_(False)
             self.low_value = EnsembleMLP(obs_dim + goal_dim, H, 1)
-        self.optimizer = torch.optim.Adam([p for p in self.parameters() if p.requires_grad], lr=cfg.lr)
+        self.optimizer = adam([p for p in self.parameters() if p.requires_grad], cfg.lr)
         self.generator: torch.Generator | None = None
         self.updates = 0
 
