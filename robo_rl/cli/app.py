@@ -56,13 +56,15 @@ def quote_override_value(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def run_store_app(verb: str, task: Callable[[DictConfig], int | None], argv: list[str]) -> int:
-    """Run a verb that acts on one store: `robo-rl VERB PATH k=v` reads as `robo-rl VERB dataset=PATH k=v`."""
+def run_store_app(verb: str, task: Callable[[DictConfig], int | None], argv: list[str], config_name: str | None = None,
+                  key: str = "dataset", what: str = "store") -> int:
+    """Run a verb that acts on one path: `robo-rl VERB PATH k=v` reads as `robo-rl VERB dataset=PATH k=v`
+    (`key=` names another config key, e.g. utd-fit's sweep folder)."""
     positional = [a for a in argv if "=" not in a and not a.startswith("-")]
     rest = [a for a in argv if a not in positional]
     if len(positional) > 1:
-        print(f"error: {verb} takes one store, got {len(positional)}: {positional}", file=sys.stderr)
+        print(f"error: {verb} takes one {what}, got {len(positional)}: {positional}", file=sys.stderr)
         return EXIT_USER_ERROR
     if positional:
-        rest.append(f"dataset={quote_override_value(positional[0])}")
-    return run_app(verb, verb, task, rest)
+        rest.append(f"{key}={quote_override_value(positional[0])}")
+    return run_app(verb, config_name or verb, task, rest)

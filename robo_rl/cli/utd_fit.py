@@ -10,27 +10,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from robo_rl.cli.app import EXIT_USER_ERROR, quote_override_value, run_app
+from robo_rl.cli.app import run_store_app
 from robo_rl.cli.tables import print_table
 from robo_rl.errors import ConfigError, RoboRLError
 from robo_rl.rl import utd
 
 
 def main(argv: list[str]) -> int:
-    positional = [a for a in argv if "=" not in a and not a.startswith("-")]
-    rest = [a for a in argv if a not in positional]
-    if len(positional) > 1:
-        print(f"error: utd-fit takes one sweep folder, got {len(positional)}: {positional}", file=sys.stderr)
-        return EXIT_USER_ERROR
-    if positional:
-        rest.append(f"sweep={quote_override_value(positional[0])}")
-    return run_app("utd-fit", "utd", run, rest)
+    return run_store_app("utd-fit", run, argv, config_name="utd", key="sweep", what="sweep folder")
 
 
 def _number(cfg: DictConfig, key: str, positive: bool = True) -> float | None:
