@@ -153,3 +153,34 @@ def test_offline_loop_flags_td_overfitting_and_survives_a_diverged_critic(tmp_pa
     assert result["updates"] == 40 and result["td_overfitting"] is True
     assert any(r["heldout_td_error"] != r["heldout_td_error"] for r in result["td_history"])  # the NaN is kept
     assert (tmp_path / "checkpoints" / "last.pt").is_file() and (tmp_path / "results.json").is_file()
+
+
+def test_offline_loop_resume_restores_the_optimizer_and_continues_the_same_stream(tmp_path):
+    """Two runs: 6 updates straight, or 3 + resume + 3. Same weights at the end (Adam moments,
+    update count and the replay's RNG all come back)."""
+    from robo_rl.learn.offline import OfflineConfig, OfflineLoop
+    from robo_rl.rl.fql import FQL, FQLConfig
+
+    rng = np.random.default_rng(0)
+    arrays = {"observations": rng.standard_normal((200, 3), np.float32), "actions": rng.uniform(-1, 1, (200, 2)).astype(np.float32),
+              "next_observations": rng.standard_normal((200, 3), np.float32), "rewards": -np.ones(200, np.float32),
+              "masks": np.ones(200, np.float32)}
+
+    def run(steps, run_dir, resume=False):
+        torch.manual_seed(0)
+        replay = DeviceReplay(arrays, seed=1)
+        agent = FQL(3, 2, FQLConfig(hidden=(16, 16)), seed=0)
+        agent.generator = replay.generator
+        loop = OfflineLoop(agent, OfflineConfig(steps=steps, batch_size=8, log_every=3, heldout_every=0, checkpoint_every=0),
+                           run_dir, replay.sample, progress=False, generator=replay.generator)
+        if resume:
+            loop.load(run_dir / "checkpoints" / "last.pt")
+        loop.fit()
+        return agent
+
+    straight = run(6, tmp_path / "a")
+    run(3, tmp_path / "b")
+    resumed = run(6, tmp_path / "b", resume=True)
+    assert resumed.updates == 6
+    for p, q in zip(straight.parameters(), resumed.parameters()):
+        torch.testing.assert_close(p, q)

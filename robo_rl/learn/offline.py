@@ -66,12 +66,18 @@ class OfflineLoop:
         return self.run_dir / "checkpoints" / "last.pt"
 
     def save(self) -> None:
-        atomic_save({"agent": self.agent.state_dict(), "step": self.step, "rng": rng_state(self.generator),
-                     "evals": self.evals, "td_history": self.td_history, "extra": self.extra}, self.last_path)
+        optimizer = getattr(self.agent, "optimizer", None)  # Adam's moments: a resumed run continues exactly
+        atomic_save({"agent": self.agent.state_dict(), "optimizer": optimizer.state_dict() if optimizer else None,
+                     "updates": getattr(self.agent, "updates", self.step), "step": self.step,
+                     "rng": rng_state(self.generator), "evals": self.evals, "td_history": self.td_history,
+                     "extra": self.extra}, self.last_path)
 
     def load(self, path: str | Path) -> None:
         state = torch.load(path, map_location="cpu", weights_only=False)
         self.agent.load_state_dict(state["agent"])
+        if state.get("optimizer") is not None and getattr(self.agent, "optimizer", None) is not None:
+            self.agent.optimizer.load_state_dict(state["optimizer"])
+        self.agent.updates = state.get("updates", state["step"])
         self.step, self.evals, self.td_history = state["step"], state["evals"], state["td_history"]
         set_rng_state(state["rng"], self.generator)
 
