@@ -141,7 +141,7 @@ def store_source(cfg: DictConfig, path: Path, device) -> dict:
     from robo_rl.rl.replay import DeviceReplay, transitions_from_store
     from robo_rl.rl.utd import split_heldout
     from robo_rl.sim.rl_env import FlatTwinEnv, evaluate_flat
-    from robo_rl.sim.tasks import TASKS
+    from robo_rl.sim.tasks import TASKS, make_task
 
     store = EpisodeStore.open(path, mode="r")
     if store.n_episodes == 0:
@@ -163,9 +163,12 @@ def store_source(cfg: DictConfig, path: Path, device) -> dict:
     else:
         train_eps, held_eps = episodes, np.zeros(0, np.int64)
 
+    n_stages = len(make_task(task).stage_names) - 1  # the same scale as FlatTwinEnv's rewards
+
     def transitions(eps):
         return transitions_from_store(store, obs_keys, reward=str(cfg.reward), episodes=eps.tolist(),
-                                      stages=[stages[e] for e in eps] if stages is not None else None)
+                                      stages=[stages[e] for e in eps] if stages is not None else None,
+                                      n_stages=n_stages)
 
     train = transitions(train_eps)
     low, high = train["actions"].min(0), train["actions"].max(0)

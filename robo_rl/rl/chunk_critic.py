@@ -44,10 +44,9 @@ from torch import nn
 
 from robo_rl.errors import ConfigError
 from robo_rl.rl.nets import EnsembleMLP, adam, polyak
-from robo_rl.rl.replay import nstep_returns, trajectory_bounds
+from robo_rl.rl.replay import REWARDS, episode_rewards, nstep_returns, trajectory_bounds
 
 FORMAT = "robo_rl.chunk_critic"
-REWARDS = ("success", "stage")
 
 
 @dataclass
@@ -85,25 +84,6 @@ class ChunkCriticConfig:
 
 
 # ---------------------------------------------------------------------- rewards and the chunk dataset
-def episode_rewards(length: int, success: bool, reward: str, stages: np.ndarray | None = None,
-                    n_stages: int = 1) -> tuple[np.ndarray, np.ndarray]:
-    """(rewards, masks) of one episode. `stages[t]` is the stage reached after action t."""
-    r, m = np.zeros(length, np.float32), np.ones(length, np.float32)
-    if reward == "success":
-        r[-1] = float(success)
-    elif reward == "stage":
-        if stages is None or len(stages) != length:
-            raise ConfigError(f"critic: reward=stage needs one stage per step ({length}), got "
-                              f"{'none' if stages is None else len(stages)}")
-        reached = np.maximum.accumulate(np.maximum(np.asarray(stages, np.float64), 0.0))
-        r[:] = np.diff(reached, prepend=0.0) / max(n_stages, 1)
-    else:
-        raise ConfigError(f"critic: reward={reward!r}; choose one of {', '.join(REWARDS)}")
-    if success:
-        m[-1] = 0.0
-    return r, m
-
-
 class ChunkData:
     """Recorded episodes as device tensors for chunk SARSA.
 

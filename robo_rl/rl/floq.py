@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from robo_rl.rl.fql import FlowActor, FQLConfig, aggregate, dtype_named, frozen
+from robo_rl.rl.fql import FlowActor, FQLConfig, aggregate, dtype_named, frozen, optimise
 from robo_rl.rl.nets import EnsembleMLP, adam, hl_gauss_features, polyak
 
 
@@ -157,15 +157,9 @@ class Floq(nn.Module):
                                    self.config.normalize_q_loss, draws)
 
     def update(self, batch) -> dict[str, torch.Tensor]:
-        draws = self.draw(batch["rewards"].shape[0], batch["rewards"].device)
-        critic_loss, info = self.critic_loss(batch, draws)
-        actor_loss, actor_info = self.actor_loss(batch, draws)
-        self.optimizer.zero_grad(set_to_none=True)
-        (critic_loss + actor_loss).backward()
-        self.optimizer.step()
+        info = optimise(self, batch)
         polyak(self.target_floq, self.floq, self.config.tau)  # the floq field only; Q_phi has no target
-        self.updates += 1
-        return {**info, **actor_info}
+        return info
 
     @torch.no_grad()
     def td_errors(self, batch) -> torch.Tensor:

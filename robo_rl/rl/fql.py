@@ -14,6 +14,7 @@ no actor gradient reaches critic parameters.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from dataclasses import asdict, dataclass
 
@@ -107,20 +108,29 @@ class FlowActor(nn.Module):
         return loss, {"actor/bc_flow": bc_flow.detach(), "actor/distill": distill.detach(), "actor/q": q.mean().detach()}
 
 
+@contextlib.contextmanager
 def frozen(module: nn.Module):
-    """Context: `module`'s parameters record no gradient (actions still get one through it)."""
+    """`module`'s parameters record no gradient inside (actions still get one through it)."""
+    flags = [p.requires_grad for p in module.parameters()]
+    module.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p, f in zip(module.parameters(), flags):
+            p.requires_grad_(f)
 
-    class _Frozen:
-        def __enter__(self):
-            self.flags = [p.requires_grad for p in module.parameters()]
-            for p in module.parameters():
-                p.requires_grad_(False)
 
-        def __exit__(self, *exc):
-            for p, f in zip(module.parameters(), self.flags):
-                p.requires_grad_(f)
-
-    return _Frozen()
+def optimise(agent, batch) -> dict[str, torch.Tensor]:
+    """One step of FQL and floq alike: draw, both losses from the same parameters, one optimiser
+    step on their sum (the caller then moves its target network)."""
+    draws = agent.draw(batch["rewards"].shape[0], batch["rewards"].device)
+    critic_loss, info = agent.critic_loss(batch, draws)
+    actor_loss, actor_info = agent.actor_loss(batch, draws)
+    agent.optimizer.zero_grad(set_to_none=True)
+    (critic_loss + actor_loss).backward()
+    agent.optimizer.step()
+    agent.updates += 1
+    return {**info, **actor_info}
 
 
 class FQL(nn.Module):
@@ -166,15 +176,9 @@ class FQL(nn.Module):
                                    self.config.normalize_q_loss, draws)
 
     def update(self, batch) -> dict[str, torch.Tensor]:
-        draws = self.draw(batch["rewards"].shape[0], batch["rewards"].device)
-        critic_loss, info = self.critic_loss(batch, draws)
-        actor_loss, actor_info = self.actor_loss(batch, draws)
-        self.optimizer.zero_grad(set_to_none=True)
-        (critic_loss + actor_loss).backward()
-        self.optimizer.step()
+        info = optimise(self, batch)
         polyak(self.target_critic, self.critic, self.config.tau)
-        self.updates += 1
-        return {**info, **actor_info}
+        return info
 
     @torch.no_grad()
     def td_errors(self, batch) -> torch.Tensor:

@@ -118,7 +118,3 @@ def polyak(target: nn.Module, online: nn.Module, tau: float) -> None:
 def adam(params, lr: float) -> torch.optim.Adam:
     """Adam with the fused kernel: one pass over all tensors, 2x cheaper steps on CPU too."""
     return torch.optim.Adam(params, lr=lr, fused=True)
-
-
-def count_params(module: nn.Module) -> int:
-    return sum(p.numel() for p in module.parameters())

@@ -61,6 +61,35 @@ def nstep_returns(rewards: np.ndarray, masks: np.ndarray, ends: np.ndarray, n: i
     return returns.astype(np.float32), bootstrap.astype(np.int64), discount.astype(np.float32)
 
 
+REWARDS = ("success", "stage")
+
+
+def episode_rewards(length: int, success: bool, reward: str, stages: np.ndarray | None = None,
+                    n_stages: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """(rewards, masks) of one recorded episode; the one definition the RL agents, the chunk critic
+    and the twin's FlatTwinEnv share.
+
+    success: 1 on the last step of a successful episode. stage: `stages[t]` is the sub-task stage
+    reached after action t; each stage newly reached pays 1 / n_stages (on the running maximum, so
+    a stage lost and regained pays once and the return never exceeds 1). A successful episode
+    terminates on its last step (mask 0).
+    """
+    r, m = np.zeros(length, np.float32), np.ones(length, np.float32)
+    if reward == "success":
+        r[-1] = float(success)
+    elif reward == "stage":
+        if stages is None or len(stages) != length:
+            raise RoboRLError(f"reward=stage needs one stage per step ({length}), got "
+                              f"{'none' if stages is None else len(stages)}")
+        reached = np.maximum.accumulate(np.maximum(np.asarray(stages, np.float64), 0.0))
+        r[:] = np.diff(reached, prepend=0.0) / max(n_stages, 1)
+    else:
+        raise RoboRLError(f"reward={reward!r}; choose one of {', '.join(REWARDS)}")
+    if success:
+        m[-1] = 0.0
+    return r, m
+
+
 def transitions_from_arrays(
     observations: np.ndarray,
     actions: np.ndarray,
@@ -121,13 +150,13 @@ def transitions_from_store(
     reward: str = "success",
     stages: Sequence[np.ndarray] | None = None,
     episodes: Sequence[int] | None = None,
+    n_stages: int | None = None,
 ) -> dict[str, np.ndarray]:
     """Transitions from an EpisodeStore (demos, rollouts, RaC interventions).
 
-    reward='success': 1 on the last step of an episode labelled successful, where the episode
-    terminates (mask 0); 0 elsewhere. Unlabelled or failed episodes give 0 and no terminal.
-    reward='stage': `stages[e][t]` is the sub-task index reached at step t of episode e (the twin
-    computes it from `obs/env_state`); each stage gained pays 1 / (number of stages).
+    Rewards and masks are `episode_rewards`' (success, or stage with `stages[e][t]` the stage
+    after step t of episode e, recovered by the twin; `n_stages` is the task's count, by default
+    the highest stage in the data). Unlabelled or failed episodes give no terminal.
     The RaC segment of each step is kept as 'segments' so critics can weigh interventions.
     """
     if reward not in ("success", "stage"):
@@ -141,23 +170,15 @@ def transitions_from_store(
     if not episodes:
         raise RoboRLError(f"{store.location}: no episodes to build transitions from")
     rows: dict[str, list[np.ndarray]] = {"obs": [], "act": [], "rew": [], "mask": [], "term": [], "seg": []}
-    n_stages = max(int(np.max(s)) for s in stages) if stages is not None else 1
+    if n_stages is None:
+        n_stages = max(int(np.max(s)) for s in stages) if stages is not None else 1
     for j, e in enumerate(episodes):
         ep = store.episode(e, keys=[*obs_keys, action_key, *(["segment"] if "segment" in store.data_keys else [])])
         T = len(ep[action_key])
         rows["obs"].append(np.concatenate([ep[k].reshape(T, -1).astype(np.float32) for k in obs_keys], axis=1))
         rows["act"].append(ep[action_key].reshape(T, -1).astype(np.float32))
-        success = bool(store.meta(e).success)
-        r, m = np.zeros(T, np.float32), np.ones(T, np.float32)
-        if reward == "success":
-            r[-1] = float(success)
-        else:
-            s = np.asarray(stages[j], dtype=np.float32)
-            if len(s) != T:
-                raise RoboRLError(f"episode {e}: {len(s)} stages for {T} steps")
-            r[1:] = np.maximum(np.diff(s), 0) / max(n_stages, 1)
-        if success:
-            m[-1] = 0.0
+        r, m = episode_rewards(T, bool(store.meta(e).success), reward, stages[j] if stages is not None else None,
+                               n_stages)
         term = np.zeros(T, bool)
         term[-1] = True
         rows["rew"].append(r)
@@ -201,14 +222,6 @@ class DeviceReplay:
 
     def gather(self, idx: torch.Tensor, keys: Sequence[str] | None = None) -> dict[str, torch.Tensor]:
         return {k: self.data[k][idx] for k in (keys or self.data)}
-
-    def subset(self, rows: np.ndarray) -> "DeviceReplay":
-        """A replay over some rows (e.g. the held-out split for TD-overfitting checks)."""
-        rows_t = torch.as_tensor(rows, device=self.device)
-        sub = DeviceReplay.__new__(DeviceReplay)
-        sub.device, sub.size, sub.capacity, sub.generator = self.device, len(rows), len(rows), self.generator
-        sub.data = {k: v[rows_t] for k, v in self.data.items()}
-        return sub
 
     def reserve(self, extra_rows: int) -> None:
         """Room for `extra_rows` rows appended by `add` (online fine-tuning), allocated once."""

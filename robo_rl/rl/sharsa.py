@@ -28,7 +28,6 @@ from __future__ import annotations
 import copy
 from dataclasses import asdict, dataclass
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -110,9 +109,6 @@ class GoalReplay(DeviceReplay):
         """The rows among `rows` that may be a state t (t < end), e.g. to sample from a train split."""
         return rows[rows < self.data["ends"][rows]]
 
-    def subset(self, rows: np.ndarray):
-        raise RoboRLError("goal replay: row subsets would break trajectory bounds; build a goal_replay from "
-                          "the held-out trajectories' arrays instead")
 
 
 def goal_replay(arrays, device="cpu", seed: int = 0) -> GoalReplay:

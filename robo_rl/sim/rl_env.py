@@ -11,9 +11,9 @@ import numpy as np
 from gymnasium import spaces
 
 from robo_rl.errors import ConfigError
+from robo_rl.rl.replay import REWARDS
 from robo_rl.sim.envs import BimanualEnv
 
-REWARDS = ("success", "stage")
 
 
 class FlatTwinEnv(gym.Env):
