@@ -2,15 +2,16 @@
 
 (a) CPU, all threads (2 on the dev box): one full update (critic + actor + Polyak) on a batch from
     a device replay, OGBench cube-single shapes (obs 28, action 5; SHARSA: goal 3, a cube
-    position). FQL and floq (K = 8, R = 8) in float32 and with their no-grad passes (the BC-flow
-    teacher, floq's read-outs) in bf16. For scale, the JAX references on a 2-core machine: FQL 11.4, floq (K = 8,
+    position). Each agent in float32; FQL and floq also with their no-grad passes (the BC-flow
+    teacher, floq's read-outs) in bf16; and every agent in bf16 throughout (mixed-precision
+    gradient step, grad_dtype=bfloat16, plus the bf16 no-grad passes). For scale, the JAX references on a 2-core machine: FQL 11.4, floq (K = 8,
     R = 8) 2.0, SHARSA (batch 1024, 4x1024) 1.25 updates/s; targets: FQL and SHARSA at least as
     fast, floq at least twice as fast.
 (b) Baseline measured in the same run: floq's read-out (the no-grad integrations that dominate
     an update) as one batched network over ensemble x noise copies, against a Python loop over
     members and copies with the same weights.
-(c) GPU (only when CUDA is available): the same updates in float32, with bf16 no-grad passes, and with
-    torch.compile of the loss functions (mode max-autotune: CUDA graphs).
+(c) GPU (only when CUDA is available): the same updates in float32, with bf16 no-grad passes, in
+    bf16 throughout, and with torch.compile of the loss functions (mode max-autotune: CUDA graphs).
 
     python bench/rl.py [--seconds 20] [--only cpu|loop|gpu] [--agents floq,fql,sharsa]
 """
@@ -93,9 +94,13 @@ def cpu_part(console, agents: list[str], seconds: float) -> None:
     t = table(f"(a) updates/s on CPU ({torch.get_num_threads()} threads), default sizes",
               ["agent", "updates/s", "updates timed", "JAX reference", "ratio"])
     bf16 = {"nograd_dtype": "bfloat16"}
+    mixed = {"nograd_dtype": "bfloat16", "grad_dtype": "bfloat16"}
     rows = [("fql", "fql (float32)", {}), ("fql", "fql (bf16 no-grad passes)", bf16),
+            ("fql", "fql (bf16 throughout: + mixed-precision grads)", mixed),
             ("floq", "floq (K=8, R=8, float32)", {}), ("floq", "floq (K=8, R=8, bf16 no-grad passes)", bf16),
-            ("sharsa", "sharsa (batch 1024, 4x1024)", {})]
+            ("floq", "floq (K=8, R=8, bf16 throughout)", mixed),
+            ("sharsa", "sharsa (batch 1024, 4x1024, float32)", {}),
+            ("sharsa", "sharsa (batch 1024, 4x1024, mixed-precision grads)", {"grad_dtype": "bfloat16"})]
     for name, label, over in rows:
         if name not in agents:
             continue
@@ -164,13 +169,18 @@ def gpu_part(console, agents: list[str], seconds: float) -> None:
     if not torch.cuda.is_available():
         console.print("(c) GPU: CUDA not available here; skipped")
         return
-    t = table(f"(c) updates/s on {torch.cuda.get_device_name()}", ["agent", "float32", "bf16 no-grad passes", "torch.compile"])
+    t = table(f"(c) updates/s on {torch.cuda.get_device_name()}",
+              ["agent", "float32", "bf16 no-grad passes", "bf16 throughout", "torch.compile (float32)"])
     for name in agents:
         bf16 = "-"
         if name != "sharsa":
             low, low_sample, *_ = make(name, "cuda", nograd_dtype="bfloat16")
             bf16 = f"{updates_per_s(low, low_sample, 'cuda', seconds)[0]:.1f}"
             del low
+        mixed = {"grad_dtype": "bfloat16"} if name == "sharsa" else {"grad_dtype": "bfloat16", "nograd_dtype": "bfloat16"}
+        low, low_sample, *_ = make(name, "cuda", **mixed)
+        all_bf16 = f"{updates_per_s(low, low_sample, 'cuda', seconds)[0]:.1f}"
+        del low
         agent, sample, *_ = make(name, "cuda")
         base, _ = updates_per_s(agent, sample, "cuda", seconds)
         try:
@@ -179,7 +189,7 @@ def gpu_part(console, agents: list[str], seconds: float) -> None:
             compiled = f"{updates_per_s(agent, sample, 'cuda', seconds, warmup=5)[0]:.1f}"
         except Exception as e:  # report, do not hide, a compile failure
             compiled = f"failed: {type(e).__name__}"
-        t.add_row(name, f"{base:.1f}", bf16, compiled)
+        t.add_row(name, f"{base:.1f}", bf16, all_bf16, compiled)
         del agent
     console.print(t)
 

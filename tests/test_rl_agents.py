@@ -78,6 +78,12 @@ def test_ensemble_mlp_matches_numpy_members_independent_and_flax_init():
     # per-member inputs [E, B, in] go to their own member
     xe = torch.randn(3, 4, 5)
     np.testing.assert_allclose(n(net(xe)[2]), np_mlp(net, n(xe[2]), 2), rtol=1e-5, atol=1e-6)
+    # forward_with folds each LayerNorm's scale and offset into the next layer: exact in float32
+    with torch.no_grad():
+        for norm in net.norms:
+            norm.scale.uniform_(0.5, 1.5)
+            norm.offset.normal_(0.0, 0.3)
+    np.testing.assert_allclose(n(net.forward_with(xe, net.low_precision(torch.float32))), n(net(xe)), rtol=1e-5, atol=1e-5)
     # the bf16 path stays close to float32 (hidden layers in bf16, output layer in float32)
     low = net.forward_with(xe, net.low_precision(torch.bfloat16))
     assert low.dtype == torch.float32
@@ -247,24 +253,29 @@ def test_floq_gradients_stay_in_their_networks():
 
 
 # ----------------------------------------------------------------------------- learning
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
 @pytest.mark.parametrize("name", ["fql", "floq"])
-def test_critic_learns_a_known_value(name):
-    """One state, reward -1 every step, never terminal: Q = -1 / (1 - gamma) = -2 for every action."""
+def test_critic_learns_a_known_value(name, precision):
+    """One state, reward -1 every step, never terminal: Q = -1 / (1 - gamma) = -2 for every action.
+    bfloat16: every pass in bf16 (mixed-precision gradient steps, bf16 no-grad passes)."""
     torch.manual_seed(0)
     B = 64
     batch = {"observations": torch.zeros(B, 2), "next_observations": torch.zeros(B, 2),
              "actions": torch.rand(B, 1) * 2 - 1, "rewards": -torch.ones(B), "masks": torch.ones(B)}
+    common = dict(hidden=(32, 32), gamma=0.5, tau=0.05, lr=3e-3, alpha=1.0, grad_dtype=precision, nograd_dtype=precision)
     if name == "fql":
-        agent = FQL(2, 1, FQLConfig(hidden=(32, 32), gamma=0.5, tau=0.05, lr=3e-3, alpha=1.0))
+        agent = FQL(2, 1, FQLConfig(**common))
     else:
-        agent = Floq(2, 1, FloqConfig(hidden=(32, 32), gamma=0.5, tau=0.05, lr=3e-3, alpha=1.0, noise_copies=2,
-                                      critic_steps=4), reward_range=(-1.0, 0.0))
+        agent = Floq(2, 1, FloqConfig(**common, noise_copies=2, critic_steps=4), reward_range=(-1.0, 0.0))
     for _ in range(400):
         batch["actions"] = torch.rand(B, 1) * 2 - 1
-        agent.update(batch)
+        info = agent.update(batch)
     q = agent.score(batch["observations"], batch["actions"])
     assert float(q.mean()) == pytest.approx(-2.0, abs=0.15)
     assert agent.act(batch["observations"]).abs().max() <= 1.0
+    # mixed precision keeps float32 weights (and optimiser state) and float32 scalar heads
+    assert all(p.dtype == torch.float32 for p in agent.parameters())
+    assert all(v.dtype == torch.float32 for v in info.values())
 
 
 def test_hl_gauss_features_stay_finite_far_outside_the_support():
@@ -286,3 +297,5 @@ def test_bf16_teacher_flow_stays_close_and_bad_dtype_is_refused():
     torch.testing.assert_close(b, a, atol=0.05, rtol=0)
     with pytest.raises(RoboRLError, match="nograd_dtype"):
         FQL(3, 2, FQLConfig(nograd_dtype="float16"))
+    with pytest.raises(RoboRLError, match="grad_dtype"):
+        FloqConfig(grad_dtype="half")

@@ -397,11 +397,11 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("double", [False, True])
-def test_smoke_training_lowers_critic_loss(double, one_thread):
+@pytest.mark.parametrize("double,precision", [(False, "float32"), (True, "float32"), (False, "bfloat16")])
+def test_smoke_training_lowers_critic_loss(double, precision, one_thread):
     torch.manual_seed(0)
     cfg = SharsaConfig(hidden=(64, 64), batch_size=256, horizon=5, gamma=0.99, num_samples=8, flow_steps=4,
-                       lr=1e-3, double=double)
+                       lr=1e-3, double=double, grad_dtype=precision)
     replay = goal_replay(point_dataset(), seed=0)
     agent = Sharsa(2, 2, 2, cfg, seed=0)
     held = sample_batch(replay, 2048, cfg)
@@ -425,3 +425,4 @@ def test_smoke_training_lowers_critic_loss(double, one_thread):
     assert actions.shape == (64, 2) and torch.isfinite(actions).all() and actions.abs().max() <= 1
     td = agent.td_errors(batch)
     assert td.shape == (64,) and (td >= 0).all()
+    assert all(p.dtype == torch.float32 for p in agent.parameters())  # mixed precision: float32 weights

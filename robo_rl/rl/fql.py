@@ -41,12 +41,18 @@ class FQLConfig:
     # Precision of the no-grad passes (the BC-flow teacher; floq's read-outs): bfloat16 runs their
     # hidden layers 2-4x faster on AVX512-BF16 CPUs and GPUs; outputs stay float32.
     nograd_dtype: str = "float32"
+    # Precision of the gradient passes: bfloat16 runs them under autocast (bf16 matmuls, float32
+    # weights, optimiser state, LayerNorm and scalar outputs) - mixed-precision training.
+    grad_dtype: str = "float32"
+
+    def __post_init__(self):
+        dtype_named(self.nograd_dtype), dtype_named(self.grad_dtype)  # a typo fails here, not mid-run
 
 
 def dtype_named(name: str) -> torch.dtype:
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
     if name not in dtypes:
-        raise RoboRLError(f"nograd_dtype={name!r}: choose float32 or bfloat16")
+        raise RoboRLError(f"dtype {name!r} (nograd_dtype / grad_dtype): choose float32 or bfloat16")
     return dtypes[name]
 
 
@@ -123,9 +129,12 @@ def frozen(module: nn.Module):
 def optimise(agent, batch) -> dict[str, torch.Tensor]:
     """One step of FQL and floq alike: draw, both losses from the same parameters, one optimiser
     step on their sum (the caller then moves its target network)."""
-    draws = agent.draw(batch["rewards"].shape[0], batch["rewards"].device)
-    critic_loss, info = agent.critic_loss(batch, draws)
-    actor_loss, actor_info = agent.actor_loss(batch, draws)
+    device = batch["rewards"].device
+    draws = agent.draw(batch["rewards"].shape[0], device)
+    low = dtype_named(agent.config.grad_dtype)
+    with torch.autocast(device.type, dtype=low, enabled=low != torch.float32):
+        critic_loss, info = agent.critic_loss(batch, draws)
+        actor_loss, actor_info = agent.actor_loss(batch, draws)
     agent.optimizer.zero_grad(set_to_none=True)
     (critic_loss + actor_loss).backward()
     agent.optimizer.step()
