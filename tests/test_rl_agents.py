@@ -244,6 +244,7 @@ def test_floq_gradients_stay_in_their_networks():
     assert all(p.grad is None for p in agent.actor.parameters())
     assert all(p.grad is None for p in agent.target_floq.parameters())
     assert all(p.grad is not None for p in agent.distilled.parameters())
+    assert all(p.grad is not None for p in agent.floq.parameters())  # the flow loss reaches the field
     # an update moves the target field by exactly tau towards the online field
     agent.zero_grad(set_to_none=True)
     before = [p.clone() for p in agent.target_floq.parameters()]
@@ -267,9 +268,14 @@ def test_critic_learns_a_known_value(name, precision):
         agent = FQL(2, 1, FQLConfig(**common))
     else:
         agent = Floq(2, 1, FloqConfig(**common, noise_copies=2, critic_steps=4), reward_range=(-1.0, 0.0))
+    critic = agent.critic if name == "fql" else agent.floq.field
+    seen = []  # the dtype the critic's first layer computes in during updates
+    hook = critic.linears[0].register_forward_hook(lambda mod, inp, out: seen.append(out.dtype))
     for _ in range(400):
         batch["actions"] = torch.rand(B, 1) * 2 - 1
         info = agent.update(batch)
+    hook.remove()
+    assert set(seen) == {torch.float32 if precision == "float32" else torch.bfloat16}
     q = agent.score(batch["observations"], batch["actions"])
     assert float(q.mean()) == pytest.approx(-2.0, abs=0.15)
     assert agent.act(batch["observations"]).abs().max() <= 1.0

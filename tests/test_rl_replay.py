@@ -146,18 +146,24 @@ def test_offline_loop_flags_td_overfitting_and_survives_a_diverged_critic(tmp_pa
             return torch.tensor([2.0 + 0.1 * k if batch["held"][0] else 2.0 / k])
 
     agent = Scripted()
-    loop = OfflineLoop(agent, OfflineConfig(steps=40, batch_size=2, log_every=1, heldout_every=1, checkpoint_every=0),
+    loop = OfflineLoop(agent, OfflineConfig(steps=40, batch_size=2, log_every=3, heldout_every=1, checkpoint_every=0),
                        tmp_path, sample=lambda n: {"held": torch.zeros(n, dtype=torch.bool)},
                        heldout=lambda n: {"held": torch.ones(n, dtype=torch.bool)}, progress=False)
     result = loop.fit()
     assert result["updates"] == 40 and result["td_overfitting"] is True
+    assert [r["step"] for r in result["td_history"]] == list(range(1, 41))  # every heldout_every, not every log_every
+    # a resumed loop carries the detector's state on (it does not restart its window)
+    again = OfflineLoop(Scripted(), OfflineConfig(steps=40, batch_size=2), tmp_path, sample=lambda n: {}, progress=False)
+    again.load(tmp_path / "checkpoints" / "last.pt")
+    assert again.overfit_warned and len(again.overfit.steps) == 39 and again.overfit.overfitting()
     assert any(r["heldout_td_error"] != r["heldout_td_error"] for r in result["td_history"])  # the NaN is kept
     assert (tmp_path / "checkpoints" / "last.pt").is_file() and (tmp_path / "results.json").is_file()
 
 
 def test_offline_loop_resume_restores_the_optimizer_and_continues_the_same_stream(tmp_path):
-    """Two runs: 6 updates straight, or 3 + resume + 3. Same weights at the end (Adam moments,
-    update count and the replay's RNG all come back)."""
+    """Two runs: 6 updates straight, or 3 + resume + 3, each evaluating every 3 updates with draws
+    from the replay's generator (as acting does). Same weights at the end (Adam moments, update
+    count and the replay's RNG all come back, after the evaluation's draws)."""
     from robo_rl.learn.offline import OfflineConfig, OfflineLoop
     from robo_rl.rl.fql import FQL, FQLConfig
 
@@ -171,8 +177,10 @@ def test_offline_loop_resume_restores_the_optimizer_and_continues_the_same_strea
         replay = DeviceReplay(arrays, seed=1)
         agent = FQL(3, 2, FQLConfig(hidden=(16, 16)), seed=0)
         agent.generator = replay.generator
-        loop = OfflineLoop(agent, OfflineConfig(steps=steps, batch_size=8, log_every=3, heldout_every=0, checkpoint_every=0),
-                           run_dir, replay.sample, progress=False, generator=replay.generator)
+        evaluate = lambda step: {"draw": float(torch.rand(1, generator=replay.generator))}  # noqa: E731
+        loop = OfflineLoop(agent, OfflineConfig(steps=steps, batch_size=8, log_every=3, heldout_every=0, checkpoint_every=0,
+                                                eval_every=3),
+                           run_dir, replay.sample, evaluate=evaluate, progress=False, generator=replay.generator)
         if resume:
             loop.load(run_dir / "checkpoints" / "last.pt")
         loop.fit()

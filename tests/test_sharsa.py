@@ -414,6 +414,8 @@ def test_smoke_training_lowers_critic_loss(double, precision, one_thread):
             return agent.critic_loss(held)[0].item() - cfg.ensemble * entropy.item()
 
     start, losses = excess(), []
+    seen = []  # the dtype the critic's first layer computes in during updates
+    agent.critic.linears[0].register_forward_hook(lambda mod, inp, out: seen.append(out.dtype) if torch.is_grad_enabled() else None)
     for _ in range(200):
         info = agent.update(sample_batch(replay, cfg.batch_size, cfg))
         losses.append(info["critic/loss"].item())
@@ -426,3 +428,4 @@ def test_smoke_training_lowers_critic_loss(double, precision, one_thread):
     td = agent.td_errors(batch)
     assert td.shape == (64,) and (td >= 0).all()
     assert all(p.dtype == torch.float32 for p in agent.parameters())  # mixed precision: float32 weights
+    assert set(seen) == {torch.float32 if precision == "float32" else torch.bfloat16}

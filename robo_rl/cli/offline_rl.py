@@ -263,7 +263,11 @@ def run(cfg: DictConfig) -> int:
                              checkpoint_every=int(cfg.checkpoint_every), max_minutes=float(cfg.max_minutes),
                              seed=int(cfg.seed))
     n_params = sum(p.numel() for p in agent.parameters())
-    extra = {"agent": cfg.rl.name, "dataset": str(path), "env": name, "sigma": 1.0, "n_params": n_params,
+    # UTD laws' N is the critic's size (ALGORITHMS.md §5): the trained value networks, no targets or actors
+    critics = ("critic", "floq", "distilled", "value", "low_critic", "low_value")
+    n_critic = sum(p.numel() for c in critics if hasattr(agent, c) for p in getattr(agent, c).parameters())
+    extra = {"agent": cfg.rl.name, "dataset": str(path), "env": name, "sigma": 1.0, "n_params": n_critic,
+             "n_params_total": n_params,
              "width": int(cfg.rl.hidden[0]), "batch_size": int(cfg.batch_size), "lr": float(cfg.rl.lr),
              "seed": int(cfg.seed), "device": str(device)}
     loop = OfflineLoop(agent, loop_cfg, run_dir, sample, evaluate if cfg.eval.episodes > 0 else None, heldout,

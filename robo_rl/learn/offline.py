@@ -10,6 +10,7 @@ SIGTERM / Ctrl-C / max_minutes stop with a checkpoint, and `results.json` at the
 from __future__ import annotations
 
 import json
+import math
 import signal
 import time
 from dataclasses import asdict, dataclass
@@ -80,15 +81,19 @@ class OfflineLoop:
         self.agent.updates = state.get("updates", state["step"])
         self.step, self.evals, self.td_history = state["step"], state["evals"], state["td_history"]
         set_rng_state(state["rng"], self.generator)
+        for row in self.td_history:  # the overfitting detector's window continues where it was
+            if all(math.isfinite(row[k]) for k in ("train_td_error", "heldout_td_error")):
+                self.overfit.record(row["step"], row["train_td_error"], row["heldout_td_error"])
+        self.overfit_warned = any(row["td_overfitting"] for row in self.td_history)
 
     def _log(self, path: str, row: dict) -> None:
         with open(self.run_dir / path, "a") as f:
             f.write(json.dumps(row) + "\n")
 
-    def _heldout_td(self, metrics: Mapping[str, float]) -> dict:
+    def _heldout_td(self) -> dict:
         train = self.agent.td_errors(self.sample(self.cfg.batch_size)).mean().item()
         held = self.agent.td_errors(self.heldout(self.cfg.batch_size)).mean().item()
-        finite = all(map(lambda x: x == x and abs(x) != float("inf"), (train, held)))  # a diverged critic: log, not crash
+        finite = math.isfinite(train) and math.isfinite(held)  # a diverged critic: log, not crash
         row = {"step": self.step, "train_td_error": train, "heldout_td_error": held,
                "td_overfitting": bool(self.overfit.record(self.step, train, held)) if finite else False}
         self.td_history.append(row)
@@ -138,17 +143,18 @@ class OfflineLoop:
                 train_time += time.perf_counter() - t0
                 if bar is not None:
                     bar.update()
-                if self.step % cfg.log_every == 0 or self.step == cfg.steps:
+                td_row = {}
+                if self.heldout is not None and cfg.heldout_every and self.step % cfg.heldout_every == 0:
+                    td_row = self._heldout_td()
+                    if td_row["td_overfitting"] and not self.overfit_warned:
+                        self.overfit_warned = True
+                        (bar.write if bar is not None else print)(
+                            f"TD-overfitting at update {self.step}: held-out TD error rising while the training "
+                            f"one falls (a bigger critic or a smaller batch/UTD; robo_rl/rl/utd.py)")
+                if self.step % cfg.log_every == 0 or self.step == cfg.steps or td_row:
                     now = time.perf_counter()
                     row = {"step": self.step, **{k: float(v) / window for k, v in sums.items()},
-                           "updates_per_s": window / max(now - t_window, 1e-9)}
-                    if self.heldout is not None and cfg.heldout_every and self.step % cfg.heldout_every == 0:
-                        row.update(self._heldout_td(row))
-                        if row["td_overfitting"] and not self.overfit_warned:
-                            self.overfit_warned = True
-                            (bar.write if bar is not None else print)(
-                                f"TD-overfitting at update {self.step}: held-out TD error rising while the training "
-                                f"one falls (a bigger critic or a smaller batch/UTD; robo_rl/rl/utd.py)")
+                           "updates_per_s": window / max(now - t_window, 1e-9), **td_row}
                     self._log("metrics.jsonl", row)
                     if writer is not None:
                         for k, v in row.items():
@@ -158,10 +164,12 @@ class OfflineLoop:
                         bar.set_postfix({k.split("/")[-1]: f"{v:.3g}" for k, v in row.items()
                                          if k in ("critic/q", "actor/q", "updates_per_s", "heldout_td_error")})
                     window, sums, t_window = 0, {}, now
-                if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
-                    self.save()
+                # evaluation before the checkpoint: acting draws from the replay's generator, so a
+                # resumed run then continues exactly the random stream of a straight one
                 if self.evaluate and cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
                     self._run_eval(writer, bar)
+                if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+                    self.save()
                 if cfg.max_minutes and time.perf_counter() - t_start > cfg.max_minutes * 60:
                     (bar.write if bar is not None else print)(f"max_minutes={cfg.max_minutes} reached at update {self.step}")
                     break
@@ -174,8 +182,10 @@ class OfflineLoop:
             if bar is not None:
                 bar.close()
             signal.signal(signal.SIGTERM, previous)
-        self.save()
+        self.save()  # the weights are safe before the final evaluation runs ...
         final = self._run_eval(writer, None) if self.evaluate and not stop["flag"] else {}
+        if final:
+            self.save()  # ... and a resumed run continues after its draws
         if writer is not None:
             writer.close()
         result = {"updates": self.step, "train_time_s": train_time, "updates_per_s": self.step / max(train_time, 1e-9),

@@ -39,11 +39,10 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from robo_rl.errors import ConfigError
-from robo_rl.rl.nets import EnsembleMLP, adam, polyak
+from robo_rl.rl.nets import EnsembleMLP, adam, bce, polyak
 from robo_rl.rl.replay import REWARDS, episode_rewards, nstep_returns, trajectory_bounds
 
 FORMAT = "robo_rl.chunk_critic"
@@ -181,11 +180,6 @@ def chunk_data_from_episodes(episodes: Sequence[Mapping[str, Any]], cfg: ChunkCr
 
 
 # ---------------------------------------------------------------------- the critic
-def bce(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Binary cross-entropy of sigmoid(logits) [E, B] toward soft targets [B], per member and sample."""
-    return F.binary_cross_entropy_with_logits(logits, targets.expand_as(logits), reduction="none")
-
-
 class ChunkCritic(nn.Module):
     name = "chunk_critic"
 
@@ -253,8 +247,8 @@ class ChunkCritic(nn.Module):
 
     @torch.no_grad()
     def td_errors(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """|Q - y| per sample (members combined as in `score`)."""
-        return (self.combine(torch.sigmoid(self.logits(batch["obs"], batch["chunk"]))) - self.target(batch)).abs()
+        """(Q - y)^2 per sample (members combined as in `score`), as the other agents' td_errors."""
+        return (self.combine(torch.sigmoid(self.logits(batch["obs"], batch["chunk"]))) - self.target(batch)).pow(2)
 
     # -- acting
     @torch.no_grad()

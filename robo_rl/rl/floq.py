@@ -63,8 +63,8 @@ class FlowCritic(nn.Module):
     def read_out(self, sa: torch.Tensor, z0: torch.Tensor, steps: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Integrate from z0 [N] (shared by members) for `steps` Euler steps -> Q [E, N].
 
-        With dtype=bfloat16 the hidden layers run in bf16 (weights cast once per read-out); the
-        inputs' features, the output layer and z itself stay float32."""
+        With dtype=bfloat16 the hidden layers run in bf16 (weights cast once per read-out, inputs
+        cast at the first layer); the output layer and z itself stay float32."""
         z = z0.unsqueeze(0).expand(self.members, -1)
         low = self.field.low_precision(dtype) if dtype != torch.float32 else None
         for i in range(steps):

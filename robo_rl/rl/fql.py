@@ -41,12 +41,15 @@ class FQLConfig:
     # Precision of the no-grad passes (the BC-flow teacher; floq's read-outs): bfloat16 runs their
     # hidden layers 2-4x faster on AVX512-BF16 CPUs and GPUs; outputs stay float32.
     nograd_dtype: str = "float32"
-    # Precision of the gradient passes: bfloat16 runs them under autocast (bf16 matmuls, float32
-    # weights, optimiser state, LayerNorm and scalar outputs) - mixed-precision training.
+    # Precision of the update step: bfloat16 runs it under autocast (mixed precision: bf16 matmuls,
+    # float32 weights, optimiser state and scalar heads). Its no-grad passes then also run in bf16,
+    # whatever nograd_dtype says.
     grad_dtype: str = "float32"
 
-    def __post_init__(self):
-        dtype_named(self.nograd_dtype), dtype_named(self.grad_dtype)  # a typo fails here, not mid-run
+    def __post_init__(self):  # a typo fails here, not mid-run
+        dtype_named(self.nograd_dtype), dtype_named(self.grad_dtype)
+        if self.q_agg not in ("mean", "min"):
+            raise RoboRLError(f"q_agg={self.q_agg!r}: choose mean or min")
 
 
 def dtype_named(name: str) -> torch.dtype:

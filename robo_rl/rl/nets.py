@@ -130,6 +130,11 @@ def hl_gauss_features(z: torch.Tensor, lo: float, hi: float, bins: int = 50, sig
     return (cdf[..., 1:] - cdf[..., :-1]) / (cdf[..., -1:] - cdf[..., :1])
 
 
+def bce(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Elementwise binary cross-entropy of sigmoid(logits) [E, B] against soft targets [B] in [0, 1]."""
+    return F.binary_cross_entropy_with_logits(logits, targets.expand_as(logits), reduction="none")
+
+
 def polyak(target: nn.Module, online: nn.Module, tau: float) -> None:
     """target <- tau * online + (1 - tau) * target, in place, one fused op per tensor list."""
     with torch.no_grad():

@@ -159,8 +159,8 @@ def transitions_from_store(
     the highest stage in the data). Unlabelled or failed episodes give no terminal.
     The RaC segment of each step is kept as 'segments' so critics can weigh interventions.
     """
-    if reward not in ("success", "stage"):
-        raise RoboRLError(f"reward={reward!r}: choose 'success' or 'stage'")
+    if reward not in REWARDS:
+        raise RoboRLError(f"reward={reward!r}: choose one of {', '.join(REWARDS)}")
     if reward == "stage" and stages is None:
         raise RoboRLError("reward=stage needs per-step stages (computed in the twin from obs/env_state)")
     missing = [k for k in (*obs_keys, action_key) if k not in store.data_keys]

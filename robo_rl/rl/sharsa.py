@@ -29,12 +29,11 @@ import copy
 from dataclasses import asdict, dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from robo_rl.errors import RoboRLError
 from robo_rl.rl.fql import dtype_named
-from robo_rl.rl.nets import EnsembleMLP, adam, polyak
+from robo_rl.rl.nets import EnsembleMLP, adam, bce, polyak
 from robo_rl.rl.replay import DeviceReplay, trajectory_bounds
 
 
@@ -64,7 +63,7 @@ class SharsaConfig:
     actor_geom: bool = True
     double: bool = False  # double SHARSA: add the one-step low critic and best-of-N actions
     rep: str = "auto"  # subgoal/goal space: auto (oracle_reps if present) | oracle | obs
-    # bfloat16: the gradient step under autocast (mixed precision: bf16 matmuls, float32 weights,
+    # bfloat16: the update step under autocast (mixed precision: bf16 matmuls, float32 weights,
     # optimiser state and network heads); several times faster on AVX512-BF16 CPUs and GPUs.
     grad_dtype: str = "float32"
 
@@ -217,11 +216,6 @@ def sample_batch(replay: GoalReplay, batch_size: int, cfg: SharsaConfig,
 
 
 # ---------------------------------------------------------------------------------------- agent
-def bce(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Elementwise binary cross-entropy of sigmoid(logits) against soft targets in [0, 1]."""
-    return F.binary_cross_entropy_with_logits(logits, targets.expand_as(logits), reduction="none")
-
-
 class Sharsa(nn.Module):
     name = "sharsa"
 
