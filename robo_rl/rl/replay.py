@@ -213,8 +213,8 @@ class DeviceReplay:
     def __len__(self) -> int:
         return self.size
 
-    def indices(self, batch_size: int, limit: int | None = None) -> torch.Tensor:
-        return torch.randint(0, limit or self.size, (batch_size,), device=self.device, generator=self.generator)
+    def indices(self, batch_size: int) -> torch.Tensor:
+        return torch.randint(0, self.size, (batch_size,), device=self.device, generator=self.generator)
 
     def sample(self, batch_size: int, keys: Sequence[str] | None = None) -> dict[str, torch.Tensor]:
         idx = self.indices(batch_size)

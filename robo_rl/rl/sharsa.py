@@ -104,14 +104,9 @@ class GoalReplay(DeviceReplay):
         if len(self.valid_rows) == 0:
             raise RoboRLError("goal replay: every trajectory has one step; SHARSA needs at least two per trajectory")
 
-    def indices(self, batch_size: int, limit: int | None = None) -> torch.Tensor:
-        rows = self.valid_rows if limit is None else self.valid_rows[self.valid_rows < limit]
-        pick = torch.randint(0, len(rows), (batch_size,), device=self.device, generator=self.generator)
-        return rows[pick]
-
-    def state_rows(self, rows: torch.Tensor) -> torch.Tensor:
-        """The rows among `rows` that may be a state t (t < end), e.g. to sample from a train split."""
-        return rows[rows < self.data["ends"][rows]]
+    def indices(self, batch_size: int) -> torch.Tensor:
+        pick = torch.randint(0, len(self.valid_rows), (batch_size,), device=self.device, generator=self.generator)
+        return self.valid_rows[pick]
 
 
 
