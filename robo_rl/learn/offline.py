@@ -84,7 +84,8 @@ class OfflineLoop:
         for row in self.td_history:  # the overfitting detector's window continues where it was
             if all(math.isfinite(row[k]) for k in ("train_td_error", "heldout_td_error")):
                 self.overfit.record(row["step"], row["train_td_error"], row["heldout_td_error"])
-        self.overfit_warned = any(row["td_overfitting"] for row in self.td_history)
+        # rows from checkpoints written before the detector existed have no flag
+        self.overfit_warned = any(row.get("td_overfitting", False) for row in self.td_history)
 
     def _log(self, path: str, row: dict) -> None:
         with open(self.run_dir / path, "a") as f:
@@ -192,7 +193,7 @@ class OfflineLoop:
                   "stopped": stop["flag"], "final_eval": final, "evals": self.evals, "td_history": self.td_history,
                   "config": asdict(cfg), **self.extra}
         if self.td_history:
-            result["td_overfitting"] = any(r["td_overfitting"] for r in self.td_history)
+            result["td_overfitting"] = any(r.get("td_overfitting", False) for r in self.td_history)
             result["train_td_error"] = self.td_history[-1]["train_td_error"]
             result["heldout_td_error"] = self.td_history[-1]["heldout_td_error"]
         (self.run_dir / "results.json").write_text(json.dumps(result, indent=1, default=float))
