@@ -26,8 +26,8 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from robo_rl.rl.fql import FlowActor, FQLConfig, aggregate, dtype_named, frozen, optimise
-from robo_rl.rl.nets import EnsembleMLP, adam, hl_gauss_features, polyak
+from robo_rl.rl.fql import FlowActor, FQLConfig, aggregate, frozen, optimise
+from robo_rl.rl.nets import EnsembleMLP, adam, dtype_named, hl_gauss_features, polyak
 
 
 @dataclass

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from robo_rl.errors import RoboRLError
-from robo_rl.rl.nets import EnsembleMLP, adam, polyak
+from robo_rl.rl.nets import EnsembleMLP, adam, dtype_named, mixed_precision, polyak
 
 
 @dataclass
@@ -50,13 +50,6 @@ class FQLConfig:
         dtype_named(self.nograd_dtype), dtype_named(self.grad_dtype)
         if self.q_agg not in ("mean", "min"):
             raise RoboRLError(f"q_agg={self.q_agg!r}: choose mean or min")
-
-
-def dtype_named(name: str) -> torch.dtype:
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-    if name not in dtypes:
-        raise RoboRLError(f"dtype {name!r} (nograd_dtype / grad_dtype): choose float32 or bfloat16")
-    return dtypes[name]
 
 
 def aggregate(values: torch.Tensor, how: str) -> torch.Tensor:
@@ -134,8 +127,7 @@ def optimise(agent, batch) -> dict[str, torch.Tensor]:
     step on their sum (the caller then moves its target network)."""
     device = batch["rewards"].device
     draws = agent.draw(batch["rewards"].shape[0], device)
-    low = dtype_named(agent.config.grad_dtype)
-    with torch.autocast(device.type, dtype=low, enabled=low != torch.float32):
+    with mixed_precision(device, agent.config.grad_dtype):
         critic_loss, info = agent.critic_loss(batch, draws)
         actor_loss, actor_info = agent.actor_loss(batch, draws)
     agent.optimizer.zero_grad(set_to_none=True)

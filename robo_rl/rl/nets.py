@@ -20,7 +20,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from robo_rl.errors import RoboRLError
+
 LAYER_NORM_EPS = 1e-6  # flax's default; PyTorch's is 1e-5
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def dtype_named(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise RoboRLError(f"dtype {name!r} (nograd_dtype / grad_dtype): choose float32 or bfloat16")
+    return DTYPES[name]
+
+
+def mixed_precision(device: torch.device, name: str):
+    """The update step's context: autocast to `name` (bf16 matmuls, float32 weights), or nothing."""
+    low = dtype_named(name)
+    return torch.autocast(device.type, dtype=low, enabled=low != torch.float32)
 
 
 class EnsembleLinear(nn.Module):

@@ -32,8 +32,7 @@ import torch
 from torch import nn
 
 from robo_rl.errors import RoboRLError
-from robo_rl.rl.fql import dtype_named
-from robo_rl.rl.nets import EnsembleMLP, adam, bce, polyak
+from robo_rl.rl.nets import EnsembleMLP, adam, bce, dtype_named, mixed_precision, polyak
 from robo_rl.rl.replay import DeviceReplay, trajectory_bounds
 
 
@@ -310,8 +309,7 @@ class Sharsa(nn.Module):
         if self.config.double:
             parts += [self.low_critic_loss, self.low_value_loss]
         total, info = 0.0, {}
-        low = dtype_named(self.config.grad_dtype)
-        with torch.autocast(batch["observations"].device.type, dtype=low, enabled=low != torch.float32):
+        with mixed_precision(batch["observations"].device, self.config.grad_dtype):
             for part in parts:
                 loss, part_info = part(batch)
                 total = total + loss
