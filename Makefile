@@ -54,7 +54,7 @@ torch: $(BIN)/python
 
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(MAKE) torch
-	$(BIN)/pip install -e ".[dev,teleop,ogbench]"
+	$(BIN)/pip install -e ".[dev,teleop,ogbench,viz]"
 	touch $(STAMP)
 
 clean:

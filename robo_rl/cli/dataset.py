@@ -1,9 +1,11 @@
-"""robo-rl dataset info|validate|repair|merge|filter|delete|import-bag PATH ... [key=value ...]"""
+"""robo-rl dataset info|validate|repair|merge|filter|delete|import-bag|import-lerobot|export-lerobot|import-hdf5
+PATH ... [key=value ...]"""
 
 from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -12,11 +14,14 @@ from robo_rl.cli.tables import human_bytes, print_table
 from robo_rl.data.store import EpisodeStore
 from robo_rl.errors import ConfigError
 
-OPS = ("info", "validate", "repair", "merge", "filter", "delete", "import-bag")
+OPS = ("info", "validate", "repair", "merge", "filter", "delete", "import-bag", "import-lerobot", "export-lerobot",
+       "import-hdf5")
+FLAGS = {"--plots": "plots=true"}  # `info PATH --plots` reads better than plots=true
 
 
 def main(argv: list[str]) -> int:
     # Positional words become overrides: `info PATH` -> op=info paths=['PATH'].
+    argv = [FLAGS.get(a, a) for a in argv]
     positional = [a for a in argv if "=" not in a and not a.startswith("-")]
     rest = [a for a in argv if a not in positional]
     if positional and positional[0] in OPS:
@@ -39,7 +44,8 @@ def run(cfg: DictConfig) -> int:
     if op in ("info", "validate", "repair", "filter", "delete") and len(paths) != 1:
         raise ConfigError(f"dataset {op}: takes one store, got {len(paths)}: {paths}")
     return {"info": info, "validate": validate, "repair": repair, "merge": merge, "filter": filter_, "delete": delete,
-            "import-bag": import_bag}[op](cfg, paths)
+            "import-bag": import_bag, "import-lerobot": import_lerobot, "export-lerobot": export_lerobot,
+            "import-hdf5": import_hdf5}[op](cfg, paths)
 
 
 def info(cfg: DictConfig, paths: list[str]) -> int:
@@ -68,7 +74,20 @@ def info(cfg: DictConfig, paths: list[str]) -> int:
     print_table("steps per segment label", ["segment", "steps", "share"],
                 [(k, v, f"{v / total:.1%}") for k, v in facts["segments"].items()])
     print_table("keys", ["key", "shape", "dtype"], [(k, str(s), d) for k, (s, d) in facts["keys"].items()])
+    if cfg.plots:
+        from robo_rl.data.plots import dataset_plots
+
+        out = Path(cfg.out) if cfg.out else plots_dir(paths[0])
+        with EpisodeStore.open(paths[0]) as store:
+            written = dataset_plots(store, out)
+        print(f"plots: {len(written)} PNG file(s) in {out}: " + ", ".join(p.name for p in written))
     return 0
+
+
+def plots_dir(store_path: str) -> Path:
+    """Where `info --plots` writes: beside the store, never inside it (the store is a zarr group)."""
+    p = Path(store_path.rstrip("/"))
+    return p.with_name(p.name + ".plots")
 
 
 def validate(cfg: DictConfig, paths: list[str]) -> int:
@@ -156,4 +175,56 @@ def import_bag(cfg: DictConfig, paths: list[str]) -> int:
     cams = store.schema.cameras
     print(f"{out}: {store.n_episodes} episode(s), {store.n_steps} steps at {cfg.fps:g} fps from {len(paths)} bag(s)"
           + (f", cameras {', '.join(cams)}" if cams else ""))
+    return 0
+
+
+def _src_out(cfg: DictConfig, paths: list[str], op: str, usage: str) -> tuple[str, str]:
+    """`op SRC OUT` or `op SRC out=OUT`: exactly one source and one destination."""
+    if cfg.out and len(paths) == 1:
+        return paths[0], str(cfg.out)
+    if len(paths) == 2 and not cfg.out:
+        return paths[0], paths[1]
+    raise ConfigError(f"dataset {op}: give the source and where the result goes: {usage}")
+
+
+def import_lerobot(cfg: DictConfig, paths: list[str]) -> int:
+    """A local LeRobot dataset (format v2.1 or v3.0) -> a new store."""
+    from robo_rl.data.lerobot import import_lerobot as run_import
+
+    src, out = _src_out(cfg, paths, "import-lerobot", "import-lerobot LEROBOT_DIR OUT")
+    with run_import(src, out, overwrite=bool(cfg.overwrite), robot=cfg.robot_name) as store:
+        cams = store.schema.cameras
+        print(f"{out}: {store.n_episodes} episode(s), {store.n_steps} steps at {store.schema.fps:g} fps from {src}"
+              + (f", cameras {', '.join(cams)}" if cams else ""))
+    return 0
+
+
+def export_lerobot(cfg: DictConfig, paths: list[str]) -> int:
+    """A store -> a LeRobot v3.0 dataset; camera frames are encoded and decoded back to measure the loss."""
+    from robo_rl.data.lerobot import export_lerobot as run_export
+
+    src, out = _src_out(cfg, paths, "export-lerobot", "export-lerobot STORE OUT_DIR")
+    report = run_export(src, out, codec=str(cfg.codec), crf=int(cfg.crf), overwrite=bool(cfg.overwrite))
+    rows = [(cam, report["codec"], f"{q['psnr_db']:.1f} dB", f"{q['max_abs_error']}", f"{q['mean_abs_error']:.2f}")
+            for cam, q in report["image_loss"].items()]
+    if rows:
+        print_table("camera frames after encoding (decoded back and compared with the store)",
+                    ["camera", "codec", "PSNR", "max |error|", "mean |error|"], rows)
+    print(f"{out}: LeRobot v3.0, {report['episodes']} episode(s), {report['frames']} frames; numeric columns exact")
+    return 0
+
+
+def import_hdf5(cfg: DictConfig, paths: list[str]) -> int:
+    """ACT / ALOHA per-episode HDF5 files (a folder of episode_<n>.hdf5, or files) -> a new store."""
+    from robo_rl.data.aloha_hdf5 import import_hdf5 as run_import
+
+    out = cfg.out or (paths.pop() if len(paths) >= 2 else None)
+    if not out or not paths:
+        raise ConfigError("dataset import-hdf5: give the episodes and where the store goes: "
+                          "import-hdf5 DIR_OR_FILES... OUT")
+    with run_import(paths, out, fps=float(cfg.fps), task=cfg.task or "", robot=cfg.robot_name or "aloha",
+                    overwrite=bool(cfg.overwrite)) as store:
+        cams = store.schema.cameras
+        print(f"{out}: {store.n_episodes} episode(s), {store.n_steps} steps at {store.schema.fps:g} fps"
+              + (f", cameras {', '.join(cams)}" if cams else ""))
     return 0
