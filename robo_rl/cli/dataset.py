@@ -201,7 +201,7 @@ def import_lerobot(cfg: DictConfig, paths: list[str]) -> int:
 
 def export_lerobot(cfg: DictConfig, paths: list[str]) -> int:
     """A store -> a LeRobot v3.0 dataset; camera frames are encoded and decoded back to measure the loss."""
-    from robo_rl.data.lerobot import export_lerobot as run_export
+    from robo_rl.data.lerobot_export import export_lerobot as run_export
 
     src, out = _src_out(cfg, paths, "export-lerobot", "export-lerobot STORE OUT_DIR")
     report = run_export(src, out, codec=str(cfg.codec), crf=int(cfg.crf), overwrite=bool(cfg.overwrite))

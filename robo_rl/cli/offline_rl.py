@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from robo_rl.cli.app import run_app
 from robo_rl.cli.tables import print_table
+from robo_rl.cli.train import print_training_plots
 from robo_rl.errors import ConfigError
 
 AGENT_NAMES = ("floq", "fql", "sharsa")
@@ -300,6 +301,7 @@ def run(cfg: DictConfig) -> int:
         rows.append(("online", f"{o['env_steps']} env steps at UTD {o['utd']}, success {o.get('success_rate', float('nan')):.1%}"))
     rows.append(("run", str(run_dir)))
     print_table(f"offline-rl {cfg.rl.name}", ["", ""], rows)
+    print_training_plots(run_dir)
     return 0
 
 

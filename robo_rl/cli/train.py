@@ -98,4 +98,18 @@ def run(cfg: DictConfig) -> int:
     if learner.dist.main:
         print(f"done: step {result['step']}, loss {result['loss']:.4f}, {result['train_time_s'] / 60:.1f} min; "
               f"checkpoint {last}")
+        print_training_plots(run_dir)
     return 0
+
+
+def print_training_plots(run_dir: Path) -> None:
+    """Draw the run's loss and success curves into run_dir/plots/ and say which files."""
+    from robo_rl.learn.plots import training_plots
+
+    try:
+        written = training_plots(run_dir)
+    except Exception as e:  # noqa: BLE001 - the run is saved; a drawing failure must not turn it into an error
+        print(f"plots: not drawn ({type(e).__name__}: {e})")
+        return
+    if written:
+        print("plots: " + ", ".join(str(p) for p in written))

@@ -1,0 +1,131 @@
+"""PNG summaries: of a store (`dataset info --plots`) and of a training run's metrics and evals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import robo_rl_cli
+from episodes import make_episode, small_schema
+
+from robo_rl.data.plots import dataset_plots
+from robo_rl.data.store import EpisodeStore
+from robo_rl.learn.plots import metric_panels, read_jsonl, training_plots
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def assert_drawn(path: Path) -> None:
+    """A real PNG with something on it (not one flat colour)."""
+    import matplotlib.image
+
+    assert path.read_bytes()[:8] == PNG_SIGNATURE, path
+    pixels = matplotlib.image.imread(path)
+    assert pixels.ndim == 3 and pixels.var() > 0, path
+
+
+@pytest.fixture
+def small_store(tmp_path):
+    schema = small_schema(cameras=False)
+    with EpisodeStore.create(tmp_path / "demos", schema) as store:
+        for e in range(7):
+            store.add_episode(*make_episode(e, schema))
+    return tmp_path / "demos"
+
+
+def test_dataset_plots_write_every_summary(small_store, tmp_path):
+    with EpisodeStore.open(small_store) as store:
+        written = dataset_plots(store, tmp_path / "out" / "plots")
+    assert [p.name for p in written] == ["episode_lengths.png", "segments.png", "actions.png", "success.png"]
+    for p in written:
+        assert p.parent == tmp_path / "out" / "plots"
+        assert_drawn(p)
+
+
+def test_dataset_plots_sample_a_big_store_in_ranges_and_skip_success_without_labels(tmp_path, monkeypatch):
+    import robo_rl.data.plots as plots
+
+    monkeypatch.setattr(plots, "MAX_ACTION_ROWS", 64)  # pretend the store is huge: sampled reads
+    monkeypatch.setattr(plots, "ACTION_RANGE_ROWS", 16)
+    monkeypatch.setattr(plots, "MAX_BARS", 3)  # more episodes than bars: grouped
+    schema = small_schema(cameras=False)
+    with EpisodeStore.create(tmp_path / "s", schema) as store:
+        for e in range(5):
+            data, ts, seg, meta = make_episode(e, schema)
+            meta.success = None
+            store.add_episode(data, ts, seg, meta)
+    with EpisodeStore.open(tmp_path / "s") as store:
+        assert len(plots._action_sample(store, "action")) == 64
+        written = dataset_plots(store, tmp_path / "plots")
+    assert [p.name for p in written] == ["episode_lengths.png", "segments.png", "actions.png"]
+    for p in written:
+        assert_drawn(p)
+
+
+def test_info_plots_cli_writes_beside_the_store(small_store):
+    r = robo_rl_cli("dataset", "info", str(small_store), "--plots")
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = small_store.with_name("demos.plots")
+    assert f"plots: 4 PNG file(s) in {out}" in r.stdout
+    for name in ("episode_lengths.png", "segments.png", "actions.png", "success.png"):
+        assert_drawn(out / name)
+
+
+def write_jsonl(path: Path, rows: list[dict], torn_tail: str = "") -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + torn_tail)
+
+
+def test_training_plots_of_a_behaviour_cloning_run(tmp_path):
+    run = tmp_path / "r1-flow"
+    run.mkdir()
+    write_jsonl(run / "metrics.jsonl", [{"step": s, "loss": 2.0 / s, "lr": 3e-4 * min(1, s / 500), "steps_per_s": 5.5,
+                                         "time_s": s / 5.5} for s in range(50, 2001, 50)],
+                torn_tail='{"step": 2050, "loss": 0.00')  # a crash mid-write
+    write_jsonl(run / "evals.jsonl", [{"success_rate": sr, "ci95_low": max(0, sr - 0.1), "ci95_high": min(1, sr + 0.1),
+                                       "mean_length": 300.0, "step": s, "eval_time_s": 100.0}
+                                      for s, sr in ((500, 0.1), (1000, 0.4), (2000, 0.55))])
+    assert len(read_jsonl(run / "metrics.jsonl")) == 40
+    written = training_plots(run)
+    assert written == [run / "plots" / "loss.png", run / "plots" / "eval_success.png"]
+    for p in written:
+        assert_drawn(p)
+
+
+def test_training_plots_of_an_offline_rl_run(tmp_path):
+    run = tmp_path / "cube1-fql"
+    run.mkdir()
+    rows = []
+    for s in range(250, 5001, 250):
+        row = {"step": s, "critic/loss": 0.1 + 0.01 * s / 250, "critic/q": -s / 250, "actor/bc_flow": 0.5 - s / 20000,
+               "actor/distill": 0.05 / (s / 250), "actor/q": -s / 250, "updates_per_s": 2.8}
+        if s % 1000 == 0:  # held-out TD error only every 1000 updates: rows with missing keys
+            row.update(train_td_error=0.09, heldout_td_error=0.05 + s / 1e4, td_overfitting=False)
+        rows.append(row)
+    rows.append({"step": 5250, "critic/loss": float("nan"), "critic/q": float("inf")})  # a diverging critic
+    write_jsonl(run / "metrics.jsonl", rows)
+    panels = metric_panels(read_jsonl(run / "metrics.jsonl"))
+    assert list(panels)[0] == "critic/loss" and panels["td_error"] == ["train_td_error", "heldout_td_error"]
+    assert "updates_per_s" not in panels and "td_overfitting" not in panels and len(panels) == 6
+    write_jsonl(run / "evals.jsonl", [{"step": s, "success_rate": sr, "episodes": 50, "task2": sr}
+                                      for s, sr in ((2000, 0.0), (4000, 0.48))])
+    written = training_plots(run)
+    assert [p.name for p in written] == ["loss.png", "eval_success.png"]
+    for p in written:
+        assert_drawn(p)
+
+
+def test_training_plots_with_nothing_to_plot(tmp_path):
+    assert training_plots(tmp_path) == []
+    write_jsonl(tmp_path / "metrics.jsonl", [], torn_tail='{"step": 1')
+    (tmp_path / "evals.jsonl").write_text('{"step": 100, "mean_length": 3}\n')  # no success_rate
+    assert training_plots(tmp_path) == [] and not (tmp_path / "plots").exists()
+    write_jsonl(tmp_path / "evals.jsonl", [{"step": 100, "success_rate": 0.5}])  # evals alone: one plot
+    assert [p.name for p in training_plots(tmp_path)] == ["eval_success.png"]
+
+
+def test_a_store_without_steps_plots_without_failing(tmp_path):
+    with EpisodeStore.create(tmp_path / "empty", small_schema(cameras=False)) as store:
+        written = dataset_plots(store, tmp_path / "plots")
+    assert [p.name for p in written] == ["episode_lengths.png", "segments.png"]
+    assert all(p.read_bytes()[:8] == PNG_SIGNATURE for p in written)
