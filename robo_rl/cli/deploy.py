@@ -85,15 +85,25 @@ def watch_estop_key(estop: Any) -> Any:
     return done
 
 
+def live_step(live: Any) -> Any:
+    """view=true: the Controller's on_record hands each step to the live Rerun view (never blocks)."""
+    from robo_rl.data.schema import Segment
+    from robo_rl.data.viewer import observation_values
+
+    return lambda obs, command: live.step(observation_values(obs, command), Segment.POLICY)
+
+
 def run(cfg: DictConfig) -> int:
     from robo_rl.cli.eval import predictor
     from robo_rl.cli.teleop import listen_estop
+    from robo_rl.cli.view import check_live_view, open_live_view, print_live_summary
     from robo_rl.hardware.safety import EStop, SafetyConfig, SafetyFilter, Watchdog
     from robo_rl.policies import load_policy, read_checkpoint
     from robo_rl.runtime.controller import Controller, observation_window
 
     if not cfg.checkpoint:
         raise ConfigError("deploy: pass checkpoint=PATH (a policy trained with robo-rl train)")
+    check_live_view(cfg)  # view=true
     ckpt = read_checkpoint(cfg.checkpoint)
     policy = load_policy(ckpt)
     predict = predictor(policy, cfg.inference_steps)
@@ -114,7 +124,8 @@ def run(cfg: DictConfig) -> int:
     estop = EStop()
     listen_estop(robot, cfg.estop_topic, estop)
     keys = watch_estop_key(estop)
-    controller = Controller(robot, predict, ctl_cfg,
+    live = open_live_view(cfg, "deploy", robot.spec.joint_names)  # view=true: the Rerun viewer (robo_rl/cli/view.py)
+    controller = Controller(robot, predict, ctl_cfg, on_record=None if live is None else live_step(live),
                             safety=SafetyFilter(robot.spec, safety_cfg), watchdog=Watchdog(safety_cfg), estop=estop)
     print(f"deploy {policy.name} on {cfg.robot} at {ctl_cfg.hz:.0f} Hz for {float(duration):.0f} s "
           f"(space: e-stop{'' if cfg.robot == 'sim' else f', or True on {cfg.estop_topic}'}; Ctrl-C stops)", flush=True)
@@ -123,7 +134,10 @@ def run(cfg: DictConfig) -> int:
     finally:
         if keys is not None:
             keys.set()
+        if live is not None:
+            live.close()
         robot.close()
+    print_live_summary(live)
     s = report.summary()
     rows = [["ticks", str(s["ticks"])],
             ["tick period p50 / p99 / max", f"{s['period_p50_ms']:.2f} / {s['period_p99_ms']:.2f} / {s['period_max_ms']:.2f} ms"],

@@ -15,6 +15,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "dataset": ("robo_rl.cli.dataset", "inspect, check, repair, merge, filter and delete episode stores; import rosbag2 bags"),
     "replay": ("robo_rl.cli.replay", "re-run recorded episodes in the twin and report per-joint divergence"),
     "video": ("robo_rl.cli.video", "write an episode as an H.264 MP4 with its segment labels drawn in"),
+    "view": ("robo_rl.cli.view", "show an episode in the Rerun viewer (or --save x.rrd): joints, cameras, segment labels"),
     "train": ("robo_rl.cli.train", "train a flow or diffusion action-chunk policy on an episode store"),
     "eval": ("robo_rl.cli.eval", "evaluate a trained policy in the twin: success with a 95% interval, videos"),
     "rac": ("robo_rl.cli.rac", "RaC rounds: interventions -> fine-tune -> eval, vs HG-DAgger and more demos"),

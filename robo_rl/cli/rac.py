@@ -62,6 +62,10 @@ def run(cfg: DictConfig) -> int:
     if human and "demos" in methods:
         raise ConfigError(f"rac: with operator={cfg.operator} the 'more expert demos' baseline would need a human's demos; "
                           "pass methods=[rac] or methods=[rac,hg_dagger]")
+    if cfg.view and not human:  # view=true: the Rerun viewer (robo_rl/cli/view.py)
+        raise ConfigError("rac: view=true shows a human operator's rollouts (operator=keyboard|gamepad|...); the "
+                          "simulated operator's rollouts run n_envs at a time, faster than real time: look at "
+                          "them afterwards with robo-rl view OUT/rac/data episode=N")
     if int(cfg.rounds) < 1 or int(cfg.episodes_per_round) < 1:
         raise ConfigError(f"rac: rounds and episodes_per_round must be >= 1 (got {cfg.rounds}, {cfg.episodes_per_round})")
     ckpt = read_checkpoint(cfg.checkpoint)
@@ -177,8 +181,12 @@ class HumanSession:
     def __init__(self, cfg: DictConfig):
         from robo_rl.hardware.teleop import make_teleop
 
+        from robo_rl.cli.view import check_live_view, open_live_view
+
+        check_live_view(cfg)  # view=true: the Rerun viewer, before the device opens
         self.device = make_teleop(cfg.operator, **OmegaConf.to_container(cfg.teleop, resolve=True))
         self.view = None
+        self.live = open_live_view(cfg, "rac")
 
     def collect_options(self, method: str, round_: int) -> dict[str, Any]:
         from robo_rl.hardware.teleop import KeyboardTeleop
@@ -193,8 +201,18 @@ class HumanSession:
             self.view = HumanView(env, keyboard)
             return TeleopOperator(env, self.device, recover=method == "rac")
 
-        return {"make_operator": make_operator, "realtime": True, "on_tick": lambda env, ctl: self.view(env, ctl),
-                "progress": False}
+        if self.live is not None:
+            self.live.mark(f"{LABELS[method]} round {round_}")
+        return {"make_operator": make_operator, "realtime": True, "on_tick": self.on_tick, "progress": False}
+
+    def on_tick(self, env: Any, ctl: Any) -> None:
+        self.view(env, ctl)
+        if self.live is not None:  # view=true; never blocks (a full queue drops the step)
+            from robo_rl.rac.intervention import LABELS as PHASE_LABELS
+
+            values = {"obs/qpos": env.robot.joint_positions(), "obs/qvel": env.robot.joint_velocities(),
+                      "task/stage": env.task.stage(env.robot)}
+            self.live.step(values, PHASE_LABELS[ctl.phase])
 
     def close_view(self) -> None:
         if self.view is not None:
@@ -204,6 +222,11 @@ class HumanSession:
     def close(self) -> None:
         self.close_view()
         self.device.close()
+        if self.live is not None:
+            from robo_rl.cli.view import print_live_summary
+
+            self.live.close()
+            print_live_summary(self.live)
 
 
 def print_results(results: dict[str, Any]) -> None:

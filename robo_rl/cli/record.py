@@ -21,6 +21,7 @@ from robo_rl.cli.deploy import policy_inputs_on_robot
 from robo_rl.cli.tables import print_table
 from robo_rl.cli.teleop import (SessionKeys, TwinViewer, check_device, close_session, listen_estop, open_device,
                                 open_robot, safety_for)
+from robo_rl.cli.view import check_live_view, open_live_view, print_live_summary
 from robo_rl.errors import ConfigError
 
 EPISODE_KEYS = "nyfx"
@@ -98,6 +99,7 @@ def run(cfg: DictConfig) -> int:
     if cfg.episode_s is None or float(cfg.episode_s) <= 0:
         raise ConfigError(f"record: episode_s={cfg.episode_s!r}; give an episode's time limit in seconds (> 0)")
     check_device(cfg)
+    check_live_view(cfg)  # view=true
     policy = Policy(cfg) if cfg.checkpoint else None
     cameras = list(cfg.cameras) if cfg.cameras is not None else (policy.cameras if policy else [])
     image_size = tuple(int(x) for x in (cfg.image_size or (policy.image_size if policy else (240, 320))))
@@ -120,6 +122,7 @@ def run(cfg: DictConfig) -> int:
     if keys.terminal is None and not cfg.auto_start:
         raise ConfigError("record: the episode keys need a terminal (stdin is not a TTY); run it in a terminal, "
                           "or pass auto_start=true to start episodes one after another")
+    live = open_live_view(cfg, "record", opened.robot.spec.joint_names)  # view=true: the Rerun viewer (robo_rl/cli/view.py)
     recorder = Recorder(str(cfg.out), store_schema(opened, cameras, image_size))
     device = viewer = None
     rows: list[list[str]] = []
@@ -173,10 +176,15 @@ def run(cfg: DictConfig) -> int:
                 return bool(decision) or getattr(source, "ended", False)
 
             def on_record(obs: Any, executed: np.ndarray) -> None:
-                recorder.add_step(store_step(obs, executed, cameras), time.monotonic() - t0, source.segment)
+                step = store_step(obs, executed, cameras)
+                recorder.add_step(step, time.monotonic() - t0, source.segment)
                 viewer.sync()
+                if live is not None:  # view=true: never blocks (a full queue drops the step)
+                    live.step(step, source.segment)
 
             print(f"episode {index}: recording", flush=True)
+            if live is not None:
+                live.mark(f"episode {index}: recording")
             report = Controller(opened.robot, source, ctl_cfg, safety=safety, watchdog=watchdog, estop=estop,
                                 on_record=on_record).run(float(cfg.episode_s), stop=stop)
             s = report.summary()
@@ -216,7 +224,8 @@ def run(cfg: DictConfig) -> int:
     except KeyboardInterrupt:  # outside the control loop (between episodes, at a reset): ended episodes are kept
         print("interrupted", flush=True)
     finally:
-        close_session(keys, viewer, device, opened.robot, recorder)  # the recorder waits for every commit
+        close_session(keys, live, viewer, device, opened.robot, recorder)  # the recorder waits for every commit
+    print_live_summary(live)
     print_table(f"record: {cfg.out}", ["episode", "steps", "seconds", "success", "ended by", "tick p99 ms",
                                         "step/velocity clamps"], rows)
     print(f"{len(rows)} episode(s) committed to {cfg.out}")

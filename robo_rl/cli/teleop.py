@@ -231,26 +231,33 @@ def safety_for(opened: OpenRobot) -> tuple[Any, Any, Any]:
 
 
 def run(cfg: DictConfig) -> int:
+    from robo_rl.cli.view import check_live_view, open_live_view, print_live_summary
+    from robo_rl.data.schema import Segment
+    from robo_rl.data.viewer import observation_values
     from robo_rl.runtime.controller import Controller, ControllerConfig
     from robo_rl.runtime.sources import OperatorCommands
     from robo_rl.sim.teleop import TeleopOperator
 
     check_device(cfg)
+    check_live_view(cfg)  # view=true
     opened = open_robot(cfg)
     safety, watchdog, estop = safety_for(opened)
     listen_estop(opened.robot, cfg.estop_topic, estop)
     keys = SessionKeys(estop=estop)
-    device = viewer = None
+    device = viewer = live = None
     try:
         opened.robot.connect()
         device = open_device(cfg, opened, keys)
         operator = TeleopOperator(opened.kinematics, device)
         viewer = TwinViewer(opened, keys)
+        live = open_live_view(cfg, "teleop", opened.robot.spec.joint_names)  # view=true: the Rerun viewer
         hz = opened.robot.spec.control_hz
         ticks = [0]
 
         def each_tick(obs: Any, command: Any) -> None:
             viewer.sync()
+            if live is not None:  # never blocks (a full queue drops the step)
+                live.step(observation_values(obs, command), Segment.TELEOP)
             ticks[0] += 1
             if ticks[0] % int(hz // 2) == 0:
                 where = ""
@@ -265,7 +272,8 @@ def run(cfg: DictConfig) -> int:
         report = controller.run(None if cfg.duration is None else float(cfg.duration))
         print()
     finally:
-        close_session(keys, viewer, device, opened.robot)
+        close_session(keys, live, viewer, device, opened.robot)
+    print_live_summary(live)
     s = report.summary()
     print_table(f"teleop {cfg.teleop} on {cfg.robot}", ["measure", "value"], timing_rows(s))
     if s["stopped_reason"]:
