@@ -2,7 +2,13 @@
 
 Written with pyarrow and PyAV only, never with robo_rl's own exporter: the importer is tested
 against the published format, not against ourselves. What each file holds follows LeRobot's
-writers (0.3.3 for v2.1, 0.4.4 for v3.0); /work/notes/issue8-formats.md sections 1-3 has the details.
+writers: for v2.1, lerobot 0.3.3 `lerobot/datasets/utils.py` (info.json, the DEFAULT_*_PATH
+templates, tasks.jsonl, episodes.jsonl, episodes_stats.jsonl) and `lerobot_dataset.py`
+(save_episode: one parquet and one mp4 per episode); for v3.0, lerobot 0.4.4
+`lerobot/datasets/utils.py` (DEFAULT_DATA_PATH, DEFAULT_VIDEO_PATH, DEFAULT_EPISODES_PATH,
+write_tasks / load_tasks through a pandas index), `lerobot_dataset.py` (episodes appended to
+data and video files, dataset_from/to_index, videos/<key>/from_timestamp) and `video_utils.py`
+(the encoder settings and how videos are joined).
 
   v2.1: meta/info.json, meta/tasks.jsonl, meta/episodes.jsonl, meta/episodes_stats.jsonl,
         data/chunk-000/episode_NNNNNN.parquet (one episode each),

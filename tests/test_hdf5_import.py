@@ -230,3 +230,87 @@ def test_cli_bad_input_is_one_error_line_exit_2(tmp_path):
     assert r.returncode == 2 and len(errors) == 1, r.stderr
     assert errors[0] == f"error: {src / 'episode_1.hdf5'}: /observations/images/top frame 5: JPEG does not decode"
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists() and not list(tmp_path.glob("*.importing"))
+
+
+def corrupt_chunk(path: Path, dataset: str, step: int = 0) -> None:
+    """Overwrite bytes in the middle of the gzip chunk holding `step`: it no longer decompresses."""
+    with h5py.File(path, "r") as root:
+        d = root[dataset]
+        assert d.compression == "gzip"
+        info = d.id.get_chunk_info(step // d.chunks[0])
+        offset, size = info.byte_offset, info.size
+    with open(path, "r+b") as f:
+        f.seek(offset + size // 3)
+        f.write(b"\x00\xff" * max(4, size // 6))
+
+
+@pytest.mark.parametrize("dataset, step", [("/observations/images/top", 7), ("/action", 0)])
+def test_a_chunk_that_does_not_decompress_is_one_line(tmp_path, dataset, step):
+    """Frames are first read while writing, low-dimensional arrays while checking: both say file and dataset."""
+    src = tmp_path / "src"
+    src.mkdir()
+    write_act_episode(src / "episode_0.hdf5", 20, seed=0, images="gzip")
+    write_act_episode(src / "episode_1.hdf5", 20, seed=1, images="gzip")
+    bad = src / "episode_1.hdf5"
+    if dataset == "/action":  # ACT leaves these unfiltered; a recorder may not
+        with h5py.File(bad, "r+") as root:
+            values = root["/action"][()]
+            del root["/action"]
+            root.create_dataset("/action", data=values, chunks=values.shape, compression="gzip")
+    corrupt_chunk(bad, dataset, step)
+    out = tmp_path / "out"
+    with pytest.raises(ConfigError) as err:
+        import_hdf5([src], out, progress=False)
+    message = str(err.value)
+    assert message.startswith(f"{bad}: {dataset}: cannot read (") and "\n" not in message, message
+    assert not out.exists() and not list(tmp_path.glob("out.*"))
+
+
+def test_a_failed_overwrite_keeps_the_old_store(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for n in range(2):
+        write_act_episode(src / f"episode_{n}.hdf5", 20, seed=n, images="jpeg")
+    out = tmp_path / "out"
+    import_hdf5([src / "episode_0.hdf5"], out, task="old", progress=False).close()
+    spoil(src / "episode_1.hdf5", "bad_jpeg")  # found only while writing, after episode_0 is in the new store
+    with pytest.raises(ConfigError, match="frame 5: JPEG does not decode"):
+        import_hdf5([src], out, overwrite=True, progress=False)
+    with EpisodeStore.open(out) as store:
+        assert store.n_episodes == 1 and store.metas[0].task == "old" and store.validate() == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "src"]  # no out.importing, no out.old-*
+
+
+def test_cli_forgotten_out_never_deletes_an_input(tmp_path):
+    """`import-hdf5 ep_0.hdf5 ep_1.hdf5 overwrite=true`: the last file is taken as OUT, and refused."""
+    files = [tmp_path / f"episode_{n}.hdf5" for n in range(2)]
+    for n, f in enumerate(files):
+        write_act_episode(f, 20, seed=n)
+    before = files[1].read_bytes()
+    r = robo_rl_cli("dataset", "import-hdf5", *map(str, files), "overwrite=true")
+    errors = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(errors) == 1 and errors[0].startswith(f"error: {files[1]}: is a file"), r.stderr
+    assert files[1].read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["episode_0.hdf5", "episode_1.hdf5"]
+
+
+def test_out_that_is_not_a_store_is_never_replaced(tmp_path, monkeypatch):
+    src = tmp_path / "src"
+    src.mkdir()
+    write_act_episode(src / "episode_0.hdf5", 20, seed=0)
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "todo.txt").write_text("keep me\n")
+    for overwrite in (False, True):
+        with pytest.raises(ConfigError, match="already exists" if not overwrite else "is not a robo_rl store"):
+            import_hdf5([src], notes, overwrite=overwrite, progress=False)
+    # OUT `.`: the working folder, not a store: a one-line refusal, not a traceback
+    monkeypatch.chdir(notes)
+    with pytest.raises(ConfigError, match="is not a robo_rl store"):
+        import_hdf5([src], ".", overwrite=True, progress=False)
+    # OUT inside the input folder (or the input itself): refused
+    with pytest.raises(ConfigError, match="overlaps"):
+        import_hdf5([src], src / "store", progress=False)
+    assert (notes / "todo.txt").read_text() == "keep me\n" and sorted(p.name for p in notes.iterdir()) == ["todo.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes", "src"]
+    assert sorted(p.name for p in src.iterdir()) == ["episode_0.hdf5"]

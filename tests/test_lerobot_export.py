@@ -358,14 +358,23 @@ def test_refuses_what_lerobot_cannot_hold(case, tmp_path):
 
 
 def test_existing_out_is_refused_replaced_with_overwrite_and_kept_on_failure(store_path, tmp_path, monkeypatch):
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / "keep.txt").write_text("mine")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "keep.txt").write_text("mine")
     with pytest.raises(ConfigError, match="already exists"):
-        export_lerobot(store_path, out, progress=False)
-    with pytest.raises(ConfigError, match="overlaps"):
-        export_lerobot(store_path, store_path / "inside", progress=False, overwrite=True)
+        export_lerobot(store_path, mine, progress=False)
+    with pytest.raises(ConfigError, match="not a LeRobot dataset"):  # a typo in OUT never deletes a folder
+        export_lerobot(store_path, mine, progress=False, overwrite=True)
+    assert (mine / "keep.txt").read_text() == "mine"
+    for inside in (store_path, store_path / "inside"):
+        with pytest.raises(ConfigError, match="overlaps"):
+            export_lerobot(store_path, inside, progress=False, overwrite=True)
+    with EpisodeStore.open(store_path) as store:
+        assert not (store_path / "inside").exists() and store.n_episodes == N_EPISODES
 
+    out = tmp_path / "out"
+    export_lerobot(store_path, out, codec="h264", progress=False)
+    first = (out / "meta/info.json").read_text()
     calls = []
 
     def failing_encoder(*args, **kwargs):
@@ -378,12 +387,12 @@ def test_existing_out_is_refused_replaced_with_overwrite_and_kept_on_failure(sto
     monkeypatch.setattr(lerobot_export, "_encode_episode", failing_encoder)
     with pytest.raises(RuntimeError, match="encoder died"):
         export_lerobot(store_path, out, progress=False, overwrite=True)
-    assert (out / "keep.txt").read_text() == "mine" and not (tmp_path / "out.exporting").exists()
+    assert (out / "meta/info.json").read_text() == first and not (tmp_path / "out.exporting").exists()
     monkeypatch.setattr(lerobot_export, "_encode_episode", real_encoder)
 
-    export_lerobot(store_path, out, codec="h264", progress=False, overwrite=True)
-    assert not (out / "keep.txt").exists() and (out / "meta/info.json").is_file()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    report = export_lerobot(store_path, out, codec="libsvtav1", progress=False, overwrite=True)
+    assert report["codec"] == "libsvtav1" and (out / "meta/info.json").read_text() != first
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine", "out"]
 
 
 # ---------------------------------------------------------------------- the CLI

@@ -1,10 +1,11 @@
 """LeRobot import: datasets laid out by tests/lerobot_files.py exactly as LeRobot v2.1 and v3.0
 write them (pyarrow + PyAV, no robo_rl code) become stores with the same numbers, episodes, tasks
 and camera frames; a dataset that is not what it claims to be fails with one line naming the
-file and the field, and leaves nothing behind."""
+file and the field, and leaves nothing behind (an existing OUT stays as it was)."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -17,10 +18,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from lerobot_files import CAMERAS, NUMERIC, TASKS, LeRobotFiles, write_dataset, write_mp4
+from PIL import Image
 
-from robo_rl.data.lerobot import decode_frames, feature_to_key, import_lerobot, key_to_feature
+from robo_rl.data.lerobot import VideoReader, decode_image, feature_to_key, import_lerobot, key_to_feature
 from robo_rl.data.schema import EpisodeMeta, Schema, Segment
 from robo_rl.data.store import EpisodeStore
+from robo_rl.errors import ConfigError
 
 ROBO_RL = Path(sys.executable).parent / "robo-rl"
 MIN_PSNR_DB = 30.0
@@ -50,9 +53,11 @@ def assert_matches(store: EpisodeStore, fx: LeRobotFiles) -> dict[str, float]:
         got = store.read(feature_to_key(name))
         assert got.dtype == fx.columns[name].dtype and np.array_equal(got, fx.columns[name]), name
 
-    # one period between steps, and between one episode's last step and the next one's first
+    # LeRobot's timestamp as is: each episode starts at 0 (as robo-rl collect records), one period a step
     times = store.read("timestamp")
-    assert times[0] == 0 and np.allclose(np.diff(times), 1 / fx.fps, atol=1e-6), times
+    for e in range(store.n_episodes):
+        s, t = store.episode_range(e)
+        assert np.allclose(times[s:t], np.arange(t - s) / fx.fps, atol=1e-6), (e, times[s:t])
     assert (store.read("segment") == Segment.TELEOP).all()
     for e, meta in enumerate(store.metas):
         s, _ = store.episode_range(e)
@@ -105,12 +110,16 @@ def test_v20_reads_like_v21(tmp_path):
         assert_matches(store, fx)
 
 
-def test_decode_frames_finds_an_episode_inside_a_joined_video(tmp_path):
+def test_the_video_reader_finds_an_episode_inside_a_joined_video(tmp_path):
     """v3.0: the last episode's frames from its from_timestamp in a file of three (a seek, 3.1 s in)."""
     fx = write_dataset(tmp_path / "joined", "v3.0", codec="libsvtav1")
     (mp4,) = fx.video_files[CAMERAS[0]]
     start, n = fx.starts[2], fx.lengths[2]
-    frames = np.stack(list(decode_frames(mp4, start / fx.fps, n, fx.fps)))
+    reader = VideoReader(mp4, CAMERAS[0], fx.fps)
+    try:
+        frames = np.stack([reader.frame_at((start + k) / fx.fps, f"frame {k}") for k in range(n)])
+    finally:
+        reader.close()
     source = fx.frames[CAMERAS[0]][start:start + n]
     assert psnr(frames, source) > MIN_PSNR_DB, f"PSNR {psnr(frames, source):.1f} dB"
     error = np.abs(frames[:, None].astype(np.int16) - source[None].astype(np.int16)).mean(axis=(2, 3, 4))
@@ -154,6 +163,26 @@ def test_our_own_columns_restore_segments_times_episode_facts_and_shapes(tmp_pat
         assert np.array_equal(store.read("obs/qpos"), fx.columns["observation.state"])
 
 
+def test_png_cells_decode_to_rgb_whatever_their_mode():
+    """cv2 reads BGR(A) and gray; an image feature comes back RGB (or gray where declared with 1 channel)."""
+    rgb = np.random.default_rng(0).integers(0, 256, (6, 8, 3), dtype=np.uint8)
+
+    def png(array: np.ndarray, mode: str) -> dict:
+        buffer = io.BytesIO()
+        Image.fromarray(array).convert(mode).save(buffer, format="PNG")
+        return {"bytes": buffer.getvalue(), "path": "x.png"}
+
+    assert np.array_equal(decode_image(png(rgb, "RGB"), (6, 8, 3), "x"), rgb)
+    assert np.array_equal(decode_image(png(rgb, "RGBA"), (6, 8, 3), "x"), rgb)
+    gray = np.asarray(Image.fromarray(rgb).convert("L"))
+    assert np.array_equal(decode_image(png(rgb, "L"), (6, 8, 3), "x"), np.repeat(gray[..., None], 3, axis=2))
+    assert np.array_equal(decode_image(png(rgb, "L"), (6, 8, 1), "x"), gray[..., None])
+    with pytest.raises(ConfigError, match="x: image is 8x6; info.json declares 4x6"):
+        decode_image(png(rgb, "RGB"), (6, 4, 3), "x")
+    with pytest.raises(ConfigError, match="does not decode"):
+        decode_image({"bytes": b"not a png", "path": None}, (6, 8, 3), "x")
+
+
 def test_feature_names_and_store_keys_map_both_ways():
     pairs = {"observation.state": "obs/qpos", "observation.velocity": "obs/qvel", "action": "action",
              "observation.images.cam_high": "obs/images/cam_high", "observation.environment_state":
@@ -176,6 +205,53 @@ def test_the_cli_imports_and_refuses_to_replace_a_store(tmp_path):
     r = cli("dataset", "import-lerobot", fx.root, out, "overwrite=true", "robot_name=vx300s")
     assert r.returncode == 0, r.stderr
     assert EpisodeStore.open(out).schema.robot == "vx300s" and not out.with_name("store.importing").exists()
+
+
+def leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if ".importing" in p.name or ".old-" in p.name)
+
+
+def test_a_failed_import_with_overwrite_keeps_the_old_store(tmp_path, good_datasets):
+    out = tmp_path / "store"
+    import_lerobot(good_datasets["v2.1"], out, progress=False).close()
+    src = tmp_path / "damaged"
+    shutil.copytree(good_datasets["v2.1"], src)
+    short_video(src)
+    r = cli("dataset", "import-lerobot", src, out, "overwrite=true")
+    assert r.returncode == 2 and "episode 1 step 17" in r.stderr, r.stderr
+    with EpisodeStore.open(out) as store:
+        assert store.n_episodes == 3 and store.episode_lengths.tolist() == [11, 20, 9]
+    assert leftovers(tmp_path) == []
+
+
+def test_out_may_not_be_the_source_inside_it_or_a_folder_that_is_not_a_store(tmp_path, good_datasets):
+    src = tmp_path / "dataset"
+    shutil.copytree(good_datasets["v3.0"], src)
+    before = sorted(str(p.relative_to(src)) for p in src.rglob("*"))
+    for out, words in ((src, "overlaps"), (src / "store", "overlaps")):
+        r = cli("dataset", "import-lerobot", src, out, "overwrite=true")
+        assert r.returncode == 2 and words in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert sorted(str(p.relative_to(src)) for p in src.rglob("*")) == before
+    assert (src / "meta/info.json").is_file() and leftovers(tmp_path) == []
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "keep.txt").write_text("mine")
+    r = cli("dataset", "import-lerobot", src, mine, "overwrite=true")
+    assert r.returncode == 2 and "not a robo_rl store" in r.stderr, r.stderr
+    assert (mine / "keep.txt").read_text() == "mine" and leftovers(tmp_path) == []
+
+
+def test_a_relative_out_works_and_dot_is_refused(tmp_path, good_datasets, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "note.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="already exists"):
+        import_lerobot(good_datasets["v3.0"], ".", progress=False)
+    with pytest.raises(ConfigError, match="not a robo_rl store"):
+        import_lerobot(good_datasets["v3.0"], ".", progress=False, overwrite=True)
+    with import_lerobot(good_datasets["v3.0"], "./x", progress=False) as store:
+        assert store.n_episodes == 3 and Path(store.location) == tmp_path / "x"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["note.txt", "x"]
 
 
 # ---------------------------------------------------------------------- bad input
@@ -208,6 +284,24 @@ def narrow_state(root: Path) -> None:
     pq.write_table(table, path)
 
 
+def cast_column(path: Path, column: str, value_type: pa.DataType) -> None:
+    """Rewrite a column with another value type (a vector column keeps its list shape)."""
+    table = pq.read_table(path)
+    i = table.column_names.index(column)
+    kind = table.schema.field(i).type
+    new_type = pa.list_(value_type, kind.list_size) if pa.types.is_fixed_size_list(kind) else value_type
+    table = table.set_column(i, pa.field(column, new_type), table[column].cast(new_type))
+    pq.write_table(table, path)
+
+
+def add_recorded_times(path: Path, bad_row: int) -> None:
+    """Our exporter's timestamp_recorded column, NaN at one row."""
+    table = pq.read_table(path)
+    times = 1.7e9 + table["index"].to_numpy() / 10.0
+    times[bad_row] = np.nan
+    pq.write_table(table.append_column("timestamp_recorded", pa.array(times, pa.float64())), path)
+
+
 def short_video(root: Path) -> None:
     """Episode 1 (20 steps) of camera top re-encoded with 17 frames."""
     frames = np.stack([np.full((32, 48, 3), 10 * k, np.uint8) for k in range(17)])
@@ -238,6 +332,13 @@ BAD_INPUTS = [
     ("frame_index not restarting", "v3.0",
      lambda r: edit_parquet(r / "data/chunk-000/file-000.parquet", "frame_index", lambda v: np.arange(len(v))),
      ["data/chunk-000/file-000.parquet", "frame_index", "episode 1 step 0"]),
+    ("values of a wider dtype than declared", "v2.1",
+     lambda r: cast_column(r / "data/chunk-000/episode_000001.parquet", "observation.contact", pa.float64()),
+     ["data/chunk-000/episode_000001.parquet: column 'observation.contact' holds float64",
+      "meta/info.json: features.observation.contact.dtype says int64"]),
+    ("timestamp_recorded not finite", "v3.0",
+     lambda r: add_recorded_times(r / "data/chunk-000/file-000.parquet", 14),
+     ["data/chunk-000/file-000.parquet", "timestamp_recorded", "episode 1 step 3", "nan"]),
     ("task_index past the tasks", "v2.1",
      lambda r: edit_parquet(r / "data/chunk-000/episode_000002.parquet", "task_index", lambda v: v * 0 + 7),
      ["data/chunk-000/episode_000002.parquet", "task_index", "tasks.jsonl"]),

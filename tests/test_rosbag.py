@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from episodes import make_episode, small_schema
 from rosbags.rosbag2 import StoragePlugin, Writer
 from rosbags.typesys import Stores, get_typestore
 
@@ -192,3 +193,13 @@ def test_a_frame_that_does_not_decode_leaves_nothing_behind(tmp_path):
     r2 = _cli("dataset", "import-bag", str(bag), str(tmp_path / "out"), "image_topics={/nothing:top}")
     assert r2.returncode == 2 and "no topic /nothing" in r2.stderr
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob("*.importing"))
+    # overwrite=true onto an existing store: the failed import leaves the old one as it was
+    schema = small_schema(cameras=False)
+    with EpisodeStore.create(tmp_path / "out", schema) as old:
+        old.add_episode(*make_episode(0, schema))
+    r3 = _cli("dataset", "import-bag", str(bag), str(tmp_path / "out"), f"image_topics={{{JPEG_CAM[0]}:left_wrist}}",
+              "overwrite=true")
+    assert r3.returncode == 2 and "does not decode" in r3.stderr and len(r3.stderr.strip().splitlines()) == 1, r3.stderr
+    with EpisodeStore.open(tmp_path / "out") as store:
+        assert store.n_episodes == 1 and store.schema.to_json() == schema.to_json() and store.validate() == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bag", "out"]  # no out.importing, no out.old-*

@@ -53,7 +53,21 @@ def info(cfg: DictConfig, paths: list[str]) -> int:
         facts = store.info()
     if cfg.json:
         print(json.dumps(facts, indent=2, default=list))
-        return 0
+    else:
+        _print_info(facts)
+    if cfg.plots:
+        from robo_rl.data.plots import dataset_plots
+
+        out = Path(cfg.out) if cfg.out else plots_dir(paths[0])
+        with EpisodeStore.open(paths[0]) as store:
+            written = dataset_plots(store, out)
+        # with json=true stdout stays one JSON document: the note goes to stderr
+        print(f"plots: {len(written)} PNG file(s) in {out}: " + ", ".join(p.name for p in written),
+              file=sys.stderr if cfg.json else sys.stdout)
+    return 0
+
+
+def _print_info(facts: dict) -> None:
     succ = facts["success_rate"]
     rows = [
         ("episodes", facts["episodes"]),
@@ -74,14 +88,6 @@ def info(cfg: DictConfig, paths: list[str]) -> int:
     print_table("steps per segment label", ["segment", "steps", "share"],
                 [(k, v, f"{v / total:.1%}") for k, v in facts["segments"].items()])
     print_table("keys", ["key", "shape", "dtype"], [(k, str(s), d) for k, (s, d) in facts["keys"].items()])
-    if cfg.plots:
-        from robo_rl.data.plots import dataset_plots
-
-        out = Path(cfg.out) if cfg.out else plots_dir(paths[0])
-        with EpisodeStore.open(paths[0]) as store:
-            written = dataset_plots(store, out)
-        print(f"plots: {len(written)} PNG file(s) in {out}: " + ", ".join(p.name for p in written))
-    return 0
 
 
 def plots_dir(store_path: str) -> Path:

@@ -12,7 +12,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "demo": ("robo_rl.cli.demo", "the main job: the newest end-to-end story (make demo)"),
     "collect": ("robo_rl.cli.collect", "record scripted expert demos of a task in the MuJoCo twin"),
     "ogbench-data": ("robo_rl.cli.ogbench_data", "make an OGBench dataset (.npz) locally with OGBench's own scripted oracles"),
-    "dataset": ("robo_rl.cli.dataset", "inspect, check, repair, merge, filter and delete episode stores; import rosbag2 bags"),
+    "dataset": ("robo_rl.cli.dataset", "inspect, check, repair, merge, filter and delete episode stores; import rosbag2, LeRobot and ACT HDF5; export LeRobot"),
     "replay": ("robo_rl.cli.replay", "re-run recorded episodes in the twin and report per-joint divergence"),
     "video": ("robo_rl.cli.video", "write an episode as an H.264 MP4 with its segment labels drawn in"),
     "view": ("robo_rl.cli.view", "show an episode in the Rerun viewer (or --save x.rrd): joints, cameras, segment labels"),

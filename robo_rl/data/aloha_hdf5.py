@@ -25,7 +25,9 @@ the channels in the order they were recorded (RGB); nothing is swapped here.
 Every file must hold the same keys, shapes, dtypes and cameras (one store has one schema). The
 files are checked before anything is written; frames are then copied a block of steps at a time
 (h5py slices), so an hour of 640x480 frames never sits in memory. The store is written to
-`OUT.importing` and renamed to OUT only when every episode is in: a failed import leaves nothing.
+`OUT.importing` and moved to OUT only when every episode is in (robo_rl.data.outputs): a failed
+import leaves OUT as it was, and overwrite replaces only an existing store, never a file or another
+folder. A dataset h5py cannot read (a corrupt chunk) is one error line naming file and dataset.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import cv2
 import h5py
 import numpy as np
 
+from robo_rl.data.outputs import check_destination, move_into_place, staging_dir
 from robo_rl.data.schema import IMAGE_PREFIX, EpisodeMeta, Schema, Segment
 from robo_rl.data.store import EpisodeStore
 from robo_rl.errors import ConfigError
@@ -137,7 +140,7 @@ def inspect_file(path: Path) -> EpisodeFile:
                 raise ConfigError(f"{where}: {dataset} has {d.shape[0]} steps, /observations/qpos {steps}")
             if d.dtype.kind not in "fiu":
                 raise ConfigError(f"{where}: {dataset} has dtype {d.dtype}; expected numbers")
-            values = d[()]  # low-dimensional: small enough to check whole
+            values = read_dataset(d, where, dataset, ())  # low-dimensional: small enough to check whole
             if d.dtype.kind == "f" and not np.isfinite(values).all():
                 t = int(np.argwhere(~np.isfinite(values))[0][0])
                 raise ConfigError(f"{where}: {dataset} holds NaN or inf at step {t}")
@@ -153,6 +156,16 @@ def inspect_file(path: Path) -> EpisodeFile:
         if "compress" in h5.attrs:
             attrs["compress"] = bool(h5.attrs["compress"])
     return EpisodeFile(path, steps, lowdim, cameras, attrs)
+
+
+def read_dataset(d: Any, where: str, dataset: str, selection: Any) -> np.ndarray:
+    """`d[selection]`, with h5py's read errors (a chunk that does not decompress, a truncated file)
+    as one line naming the file and the dataset."""
+    try:
+        return d[selection]
+    except (OSError, RuntimeError) as e:
+        reason = " ".join(str(e).split())
+        raise ConfigError(f"{where}: {dataset}: cannot read ({reason})") from None
 
 
 def _dataset(h5: Any, where: str, dataset: str) -> Any:
@@ -183,7 +196,7 @@ def _camera(h5: Any, where: str, cam: str, steps: int) -> CameraLayout:
     lengths = h5[COMPRESS_LEN]
     if lengths.ndim != 2 or lengths.shape[1] != steps:
         raise ConfigError(f"{where}: {COMPRESS_LEN} has shape {lengths.shape}; expected (cameras, {steps})")
-    first = decode_jpeg(d[0], where, dataset, 0)
+    first = decode_jpeg(read_dataset(d, where, dataset, 0), where, dataset, 0)
     return CameraLayout(dataset, True, first.shape)
 
 
@@ -206,9 +219,7 @@ def import_hdf5(paths: Sequence[str | Path], out: str | Path, *, fps: float = 50
 
     if not fps or fps <= 0:
         raise ConfigError(f"fps={fps}: the episodes' rate must be positive (ACT records at 50)")
-    out = Path(out)
-    if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
-        raise ConfigError(f"{out} already exists; pass overwrite=true to replace it")
+    out = check_destination(out, overwrite, sources=paths)  # a file, a source, or a folder not a store: refused
     files = [inspect_file(f) for f in episode_files(paths)]  # every check before anything is written
     first = files[0]
     for f in files[1:]:
@@ -216,22 +227,17 @@ def import_hdf5(paths: Sequence[str | Path], out: str | Path, *, fps: float = 50
             raise ConfigError(f"{f.path}: holds {_describe(f.signature())}, but {first.path} holds "
                               f"{_describe(first.signature())}; every episode of a store has the same keys")
     schema = Schema.build(first.signature(), fps=fps, robot=robot, cameras=sorted(first.cameras))
-    tmp = out.with_name(out.name + ".importing")
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = staging_dir(out, "importing")
     store = None
     try:
         store = EpisodeStore.create(tmp, schema)
         for f in tqdm(files, desc="import-hdf5", unit="episode", disable=not progress):
             _write_episode(store, f, fps, task)
         store.close()
-        if out.is_dir():
-            shutil.rmtree(out)
-        elif out.exists():
-            out.unlink()
-        tmp.rename(out)
+        move_into_place(tmp, out)  # the old OUT stays until the new one is in
     except BaseException:
         if store is not None:
-            store.close()  # its writer lock
+            store.close()  # its writer lock, before its folder goes
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return EpisodeStore.open(out)
@@ -244,9 +250,10 @@ def _write_episode(store: EpisodeStore, f: EpisodeFile, fps: float, task: str) -
     with h5py.File(f.path, "r") as h5:
         for a in range(0, f.steps, BLOCK_STEPS):
             b = min(f.steps, a + BLOCK_STEPS)
-            block = {key: h5[dataset][a:b] for key, (dataset, _, _) in f.lowdim.items()}
+            block = {key: read_dataset(h5[dataset], where, dataset, np.s_[a:b])
+                     for key, (dataset, _, _) in f.lowdim.items()}
             for cam, layout in f.cameras.items():
-                rows = h5[layout.dataset][a:b]
+                rows = read_dataset(h5[layout.dataset], where, layout.dataset, np.s_[a:b])
                 if layout.compressed:
                     frames = [decode_jpeg(row, where, layout.dataset, a + i) for i, row in enumerate(rows)]
                     for i, frame in enumerate(frames):

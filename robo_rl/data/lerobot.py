@@ -29,9 +29,8 @@ How it maps into the store (the exporter, lerobot_export.py, writes the inverse)
 - Shapes and dtypes are the declared ones ([1] stays (1,)); a vector column may be
   fixed_size_list or plain list. `string` features have no place in a store and are skipped.
 - Store timestamps: the `timestamp_recorded` column when present (our exporter writes the
-  store's own times there); otherwise float64(`timestamp`) shifted so the first episode starts
-  at 0 and each next one a frame period (1/fps) after the previous one's last step: time keeps
-  increasing across the store, and steps keep their spacing.
+  store's own times there); otherwise float64(`timestamp`) as is, so each episode starts at 0,
+  as `robo-rl collect` and the HDF5 importer record them.
 - Segment labels: the `segment` column when present, else TELEOP.
 - EpisodeMeta: the episode's `robo_rl/episode_meta` JSON when present (our exporter writes it);
   otherwise the task of the episode's first step, source `lerobot:<folder>`, and in `extra` the
@@ -41,17 +40,19 @@ How it maps into the store (the exporter, lerobot_export.py, writes the inverse)
 
 Every check below is made before a row is trusted, and each failure is a ConfigError naming the
 file and the field: the version is one of v2.0, v2.1, v3.0; fps a positive integer; every
-declared column present with the declared width; episodes listed 0..N-1 with their files
+declared column present with the declared width and a dtype that casts safely to the declared
+one; episodes listed 0..N-1 with their files
 present; in the data, `episode_index` and `frame_index` agree with the episode list, `index`
-counts without gaps and `task_index` names a task; a video holds a frame of the declared size
-at every step's time. The import writes to OUT.importing and renames it to OUT only when all is
-written, so a failure leaves nothing behind. Frames go to the store a block at a time, so an
+counts without gaps, `task_index` names a task, `timestamp` (and `timestamp_recorded`) are
+finite and increase within an episode; a video holds a frame of the declared size
+at every step's time. OUT is checked first (robo_rl/data/outputs.py: never the source, and an
+existing OUT is replaced only with overwrite=true and only if it is a store); the import writes
+to OUT.importing and swaps it in only when all is written, so a failure leaves OUT as it was. Frames go to the store a block at a time, so an
 episode's frames are never all in memory.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import math
@@ -65,6 +66,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from robo_rl.data.outputs import check_destination, move_into_place, staging_dir
 from robo_rl.data.schema import IMAGE_PREFIX, EpisodeMeta, KeySpec, Schema, Segment
 from robo_rl.data.store import EpisodeStore
 from robo_rl.errors import ConfigError, SchemaError
@@ -519,6 +521,14 @@ class DataFile:
             self._file = pq.ParquetFile(path)
         except (pa.ArrowException, OSError) as e:
             raise ConfigError(f"{path}: cannot read as parquet ({type(e).__name__}: {e})") from None
+        try:
+            self._load(ds)
+        except BaseException:
+            self._file.close()
+            raise
+
+    def _load(self, ds: LeRobotDataset) -> None:
+        path = self.path
         names = self._file.schema_arrow.names
         rel = path.relative_to(ds.root)
         for name in INDEX_COLUMNS:
@@ -535,9 +545,12 @@ class DataFile:
         self.columns: dict[str, np.ndarray] = {}
         for f in numeric:
             array = column_values(table[f.name], f.declared_shape, path, f.name, ds.info_path)
+            _check_dtype(array.dtype, f.dtype, path, f.name, ds.info_path)
             self.columns[f.name] = array.reshape(self.rows, *f.shape).astype(f.dtype, copy=False)
         for name in (*INDEX_COLUMNS, *extras):
             self.columns[name] = column_values(table[name], (1,), path, name, ds.info_path)[:, 0]
+        if RECORDED_TIME_COLUMN in self.columns:
+            _check_dtype(self.columns[RECORDED_TIME_COLUMN].dtype, "float64", path, RECORDED_TIME_COLUMN, ds.info_path)
         self.images = [f for f in ds.features.values() if f.kind == "image"]
         self._image_batches = (self._file.iter_batches(batch_size=BLOCK_STEPS, columns=[f.name for f in self.images])
                                if self.images else None)
@@ -563,11 +576,9 @@ class DataFile:
         self._expect(cols["frame_index"], steps, "frame_index", ep, a, "it restarts at 0 each episode and counts up by 1")
         self._expect(cols["index"], ep.first_index + steps, "index", ep, a,
                      "it counts the dataset's frames from 0 without gaps")
-        time = cols["timestamp"].astype(np.float64)
-        if not np.isfinite(time).all() or (len(time) > 1 and not (np.diff(time) > 0).all()):
-            bad = int(np.argmax(~np.isfinite(time))) if not np.isfinite(time).all() else int(np.argmax(np.diff(time) <= 0)) + 1
-            raise ConfigError(f"{self.path}: timestamp: episode {ep.index} step {bad} is {time[bad]!r}; timestamps "
-                              "are finite and increase within an episode")
+        for name in ("timestamp", RECORDED_TIME_COLUMN):
+            if name in cols:
+                self._check_times(cols[name].astype(np.float64), name, ep)
         unknown = ~np.isin(cols["task_index"], list(ds.tasks))
         if unknown.any():
             step = int(np.argmax(unknown))
@@ -587,6 +598,13 @@ class DataFile:
                                   "or inf; a store holds finite numbers")
         self.position = b
         return cols
+
+    def _check_times(self, time: np.ndarray, column: str, ep: Episode) -> None:
+        finite = np.isfinite(time)
+        if not finite.all() or (len(time) > 1 and not (np.diff(time) > 0).all()):
+            bad = int(np.argmax(~finite)) if not finite.all() else int(np.argmax(np.diff(time) <= 0)) + 1
+            raise ConfigError(f"{self.path}: {column}: episode {ep.index} step {bad} is {float(time[bad])!r}; "
+                              "timestamps are finite and increase within an episode")
 
     def _expect(self, got: np.ndarray, want: np.ndarray, column: str, ep: Episode, first_row: int, why: str) -> None:
         if not np.array_equal(got, want):
@@ -615,25 +633,53 @@ class DataFile:
         return out
 
     def finish(self, listed_in: Path) -> None:
+        """Check every row was taken, then close the file."""
+        self.close()
         if self.position != self.rows:
             extra = np.unique(self.columns["episode_index"][self.position:])
             raise ConfigError(f"{self.path}: episode_index: rows {self.position}..{self.rows - 1} (episodes "
                               f"{extra.tolist()}) belong to no episode {listed_in.name} puts in this file")
 
+    def close(self) -> None:
+        self._image_batches = None
+        self._file.close()
+
+
+def _check_dtype(actual: np.dtype, declared: str, path: Path, name: str, info_path: Path) -> None:
+    """A column's values must fit the declared dtype without loss (int32 into int64 does, float64 into
+    float32 or int64 does not)."""
+    if actual != np.dtype(declared) and not np.can_cast(actual, declared, "safe"):
+        raise ConfigError(f"{path}: column '{name}' holds {actual.name}; {info_path}: features.{name}.dtype says "
+                          f"{np.dtype(declared).name}")
+
 
 def decode_image(cell: Any, shape: tuple[int, ...], where: str) -> np.ndarray:
-    """An `image` feature's cell ({bytes, path} with PNG or JPEG bytes) as uint8 (H, W, C)."""
-    from PIL import Image, UnidentifiedImageError
+    """An `image` feature's cell ({bytes, path} with PNG or JPEG bytes) as uint8 (H, W, C), C the
+    declared 3 (RGB; gray and alpha images are converted) or 1 (gray)."""
+    import cv2
 
     data = cell.get("bytes") if isinstance(cell, dict) else cell
     if not data:
         raise ConfigError(f"{where}: no image bytes in the cell (path {cell.get('path') if isinstance(cell, dict) else None!r}); "
                           "LeRobot embeds the PNG in the parquet")
     try:
-        with Image.open(io.BytesIO(data)) as img:
-            rgb = np.asarray(img.convert("RGB" if shape[2] == 3 else "L"))
-    except (UnidentifiedImageError, OSError) as e:
+        img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+    except (cv2.error, TypeError, ValueError) as e:
         raise ConfigError(f"{where}: does not decode as an image ({e})") from None
+    if img is None:
+        raise ConfigError(f"{where}: does not decode as an image (not a PNG or JPEG OpenCV reads)")
+    if img.dtype != np.uint8:  # a 16-bit PNG: its high byte
+        img = (img >> 8).astype(np.uint8) if img.dtype == np.uint16 else img.astype(np.uint8)
+    if img.ndim == 2:
+        img = img[..., None]
+    channels = img.shape[2]
+    if shape[2] == 3:
+        conversion = {1: cv2.COLOR_GRAY2RGB, 3: cv2.COLOR_BGR2RGB, 4: cv2.COLOR_BGRA2RGB}.get(channels)
+    else:
+        conversion = {1: None, 3: cv2.COLOR_BGR2GRAY, 4: cv2.COLOR_BGRA2GRAY}.get(channels, -1)
+    if conversion == -1 or (conversion is None and channels != shape[2]):
+        raise ConfigError(f"{where}: image has {channels} channels; expected {shape[2]}")
+    rgb = img if conversion is None else cv2.cvtColor(img, conversion)
     rgb = rgb.reshape(*rgb.shape[:2], shape[2])
     if rgb.shape != shape:
         raise ConfigError(f"{where}: image is {rgb.shape[1]}x{rgb.shape[0]}; info.json declares "
@@ -700,40 +746,30 @@ class VideoReader:
         self._container.close()
 
 
-def decode_frames(path: str | Path, start_s: float, n: int, fps: float) -> Iterator[np.ndarray]:
-    """n frames of an mp4 from `start_s` on, one per 1/fps, as uint8 (H, W, 3) RGB."""
-    reader = VideoReader(Path(path), Path(path).name, fps)
-    try:
-        for k in range(n):
-            yield reader.frame_at(start_s + k / fps, f"frame {k}")
-    finally:
-        reader.close()
-
-
 # ---------------------------------------------------------------------- import
 def import_lerobot(src: str | Path, out: str | Path, *, overwrite: bool = False, robot: str | None = None,
                    progress: bool = True) -> EpisodeStore:
     """A local LeRobot dataset (v2.0, v2.1 or v3.0) into a new store at `out`; all or nothing.
     Returns the store, opened read-only."""
-    out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
-        raise ConfigError(f"{out} already exists; pass overwrite=true to replace it")
+    out = check_destination(out, overwrite, sources=[src], marker="zarr.json", kind="robo_rl store")
     ds = read_dataset(src)  # every metadata check before anything is written
     keys = {f.key: KeySpec(f.key, f.shape, f.dtype) for f in ds.features.values()}
     schema = Schema(keys=keys, fps=float(ds.fps), robot=robot or ds.robot_type or "unknown")
-    tmp = out.with_name(out.name + ".importing")
-    shutil.rmtree(tmp, ignore_errors=True)
+    staging = staging_dir(out, "importing")
+    store: EpisodeStore | None = None
     try:
-        store = EpisodeStore.create(tmp, schema)
+        store = EpisodeStore.create(staging, schema)
         _write_episodes(ds, store, progress)
         store.close()
-        if out.is_dir():
-            shutil.rmtree(out)
-        elif out.exists():
-            out.unlink()
-        tmp.rename(out)
+        store = None
+        move_into_place(staging, out)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if store is not None:
+            try:
+                store.close()  # the writer lock, before its folder goes
+            except Exception:  # noqa: BLE001 - already failing; keep the first error
+                pass
+        shutil.rmtree(staging, ignore_errors=True)
         raise
     if ds.skipped:  # said once the import has worked, so a failure stays one line
         log.warning("%s: string feature(s) %s not imported: a store holds numbers and images",
@@ -747,7 +783,6 @@ def _write_episodes(ds: LeRobotDataset, store: EpisodeStore, progress: bool) -> 
     readers: dict[str, VideoReader] = {}  # video feature -> its open mp4
     data: DataFile | None = None
     previous: Episode | None = None
-    last_time: float | None = None  # the previous episode's last store timestamp
     # `disable` only when asked: passing it at all would override the TQDM_DISABLE environment variable
     bar = tqdm(total=len(ds.episodes), desc=f"import {ds.root.name}", unit="episode", dynamic_ncols=True,
                **({} if progress else {"disable": True}))
@@ -758,12 +793,7 @@ def _write_episodes(ds: LeRobotDataset, store: EpisodeStore, progress: bool) -> 
                     data.finish(previous.listed_in)
                 data = DataFile(ds, ep.data_file)
             cols = data.take(ds, ep)
-            if RECORDED_TIME_COLUMN in cols:
-                times = cols[RECORDED_TIME_COLUMN].astype(np.float64)
-            else:
-                offset = 0.0 if last_time is None else last_time + 1.0 / ds.fps
-                times = offset + (cols["timestamp"].astype(np.float64) - float(cols["timestamp"][0]))
-            last_time = float(times[-1])
+            times = cols[RECORDED_TIME_COLUMN if RECORDED_TIME_COLUMN in cols else "timestamp"].astype(np.float64)
             segments = cols[SEGMENT_COLUMN].astype(np.uint8) if SEGMENT_COLUMN in cols else Segment.TELEOP
             for name, (mp4, _) in ep.videos.items():
                 if name not in readers or readers[name].path != mp4:
@@ -791,6 +821,8 @@ def _write_episodes(ds: LeRobotDataset, store: EpisodeStore, progress: bool) -> 
         if data is not None:
             data.finish(previous.listed_in)
     finally:
+        if data is not None:
+            data.close()
         for reader in readers.values():
             reader.close()
         bar.close()

@@ -1,6 +1,8 @@
 """Export an EpisodeStore as a LeRobot dataset in format v3.0, the layout LeRobot 0.4's loader reads.
 
-What is written under OUT (built in OUT.exporting, renamed into place only when complete):
+What is written under OUT (checked first by robo_rl/data/outputs.py: never the store, and an existing
+OUT is replaced only with overwrite=true and only if it is a LeRobot dataset; built in OUT.exporting and
+swapped into place only when complete):
 
     meta/info.json                 format version, fps, counts, path templates, `features` (every column and
                                    camera with dtype, shape, names; cameras carry the video's codec info), and
@@ -49,7 +51,6 @@ import logging
 import math
 import os
 import shutil
-import uuid
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -59,6 +60,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from robo_rl.data.lerobot import (EPISODE_META_FIELD, INDEX_COLUMNS, RECORDED_TIME_COLUMN, SEGMENT_COLUMN,
+                                  key_to_feature)
+from robo_rl.data.outputs import check_destination, move_into_place, staging_dir
 from robo_rl.data.schema import IMAGE_PREFIX, SEGMENT_KEY, TIMESTAMP_KEY, KeySpec, Schema
 from robo_rl.data.store import EpisodeStore
 from robo_rl.errors import ConfigError, RoboRLError
@@ -73,14 +77,11 @@ DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
 EPISODES_PATH = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
 VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
 
-# Columns LeRobot writes itself; no store key may map onto them.
-LEROBOT_COLUMNS = ("timestamp", "frame_index", "episode_index", "index", "task_index")
-# Columns this exporter adds (the importer reads them back when present).
-SEGMENT_COLUMN = "segment"
-RECORDED_TIME_COLUMN = "timestamp_recorded"
-EPISODE_META_COLUMN = "robo_rl/episode_meta"
-# LeRobot's __getitem__ puts the task string under "task", so a feature of that name would be hidden.
-RESERVED_NAMES = (*LEROBOT_COLUMNS, SEGMENT_COLUMN, RECORDED_TIME_COLUMN, "task")
+# The column names (LeRobot's INDEX_COLUMNS and our SEGMENT_COLUMN, RECORDED_TIME_COLUMN,
+# EPISODE_META_FIELD) and the key <-> feature mapping live in robo_rl/data/lerobot.py, beside the reader.
+# No store key may map onto a column the export writes itself; and LeRobot's __getitem__ puts the task
+# string under "task", so a feature of that name would be hidden.
+RESERVED_NAMES = (*INDEX_COLUMNS, SEGMENT_COLUMN, RECORDED_TIME_COLUMN, "task")
 
 QUANTILES = (0.01, 0.10, 0.50, 0.90, 0.99)
 QUANTILE_NAMES = tuple(f"q{round(q * 100):02d}" for q in QUANTILES)
@@ -99,17 +100,6 @@ ROW_GROUP_BYTES = 16 << 20  # small episodes are gathered into row groups of abo
 
 
 # ---------------------------------------------------------------------- names
-def feature_name(key: str) -> str:
-    """The LeRobot feature name of a store key."""
-    if key == "obs/qpos":
-        return "observation.state"
-    if key == "obs/qvel":
-        return "observation.velocity"
-    if key.startswith("obs/"):
-        return "observation." + key[len("obs/"):].replace("/", ".")
-    return key.replace("/", ".")
-
-
 def canonical_codec(codec: str) -> str:
     name = CODEC_ALIASES.get(str(codec).lower(), str(codec).lower())
     if name not in ENCODERS:
@@ -176,7 +166,7 @@ def _plan(store: EpisodeStore) -> _Plan:
     fps = int(round(fps))
     seen: dict[str, str] = {}
     for key in schema.keys:
-        name = feature_name(key)
+        name = key_to_feature(key)
         if name in RESERVED_NAMES:
             raise ConfigError(f"{where}: key '{key}' would become the LeRobot column '{name}', which the export "
                               f"writes itself; rename the key")
@@ -186,7 +176,7 @@ def _plan(store: EpisodeStore) -> _Plan:
         seen[name] = key
     columns, cameras, features = [], [], {}
     for key, spec in schema.keys.items():
-        name = feature_name(key)
+        name = key_to_feature(key)
         if spec.is_image:
             cameras.append(_camera(where, spec, name))
             h, w = spec.shape[:2]
@@ -326,6 +316,16 @@ class _RollingParquet:
 
     def close(self) -> None:
         self._close_file()
+
+    def abort(self) -> None:
+        """Close an open file without writing what is pending (the export failed; the folder is deleted next)."""
+        self._pending, self._pending_bytes = [], 0
+        if self._writer is not None:
+            try:
+                self._writer.close()
+            except Exception:  # noqa: BLE001 - already failing; keep the first error
+                pass
+            self._writer = None
 
 
 # ---------------------------------------------------------------------- video
@@ -533,14 +533,13 @@ def export_lerobot(
     store = EpisodeStore.open(src) if opened else src
     try:
         plan = _plan(store)
-        out = Path(out)
-        _check_destination(store, out, overwrite)
-        staging = out.with_name(out.name + ".exporting")
-        shutil.rmtree(staging, ignore_errors=True)  # what a killed earlier export of this OUT left
-        staging.mkdir(parents=True)
+        sources = [] if "://" in store.location else [store.location]
+        out = check_destination(out, overwrite, sources=sources, marker="meta/info.json", kind="LeRobot dataset")
+        staging = staging_dir(out, "exporting")  # removes what a killed earlier export of this OUT left
+        staging.mkdir()
         try:
             report = _write(store, plan, staging, codec, int(crf), data_file_mb, video_file_mb, progress)
-            _move_into_place(staging, out)
+            move_into_place(staging, out)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
@@ -549,33 +548,6 @@ def export_lerobot(
             store.close()
     report["out"] = str(out)
     return report
-
-
-def _check_destination(store: EpisodeStore, out: Path, overwrite: bool) -> None:
-    if "://" not in store.location:
-        source, target = Path(store.location).resolve(), out.resolve()
-        if target == source or source in target.parents or target in source.parents:
-            raise ConfigError(f"{out}: is the store {store.location} or overlaps it; export somewhere else")
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
-        raise ConfigError(f"{out}: already exists; pass overwrite=true to replace it")
-
-
-def _move_into_place(staging: Path, out: Path) -> None:
-    """Rename the finished export to OUT; an old OUT is moved aside first and deleted last."""
-    old = None
-    if out.is_dir() and any(out.iterdir()):
-        old = out.with_name(f"{out.name}.old-{uuid.uuid4().hex[:8]}")
-        os.rename(out, old)
-    elif out.is_dir():
-        out.rmdir()
-    elif out.exists():
-        old = out.with_name(f"{out.name}.old-{uuid.uuid4().hex[:8]}")
-        os.rename(out, old)
-    os.rename(staging, out)
-    if old is not None and old.is_dir():
-        shutil.rmtree(old, ignore_errors=True)
-    elif old is not None:
-        old.unlink()
 
 
 def _data_schema(plan: _Plan) -> pa.Schema:
@@ -598,7 +570,7 @@ def _episodes_schema(plan: _Plan) -> pa.Schema:
         + [pa.field(f"stats/{name}/{stat}", _stats_type(stat, name in cameras))
            for name in plan.features for stat in STAT_NAMES]
         + [pa.field("meta/episodes/chunk_index", pa.int64()), pa.field("meta/episodes/file_index", pa.int64()),
-           pa.field(EPISODE_META_COLUMN, pa.string())])
+           pa.field(EPISODE_META_FIELD, pa.string())])
 
 
 def _write(store: EpisodeStore, plan: _Plan, root: Path, codec: str, crf: int, data_file_mb: float,
@@ -623,8 +595,8 @@ def _write(store: EpisodeStore, plan: _Plan, root: Path, codec: str, crf: int, d
         for video in videos:
             video.close()  # decodes the last file of each camera back: the check and the loss
     except BaseException:
-        for video in videos:
-            video.abort()
+        for files in (data_files, episode_files, *videos):
+            files.abort()
         raise
     finally:
         bar.close()
@@ -718,7 +690,7 @@ def _write_episode(store: EpisodeStore, plan: _Plan, e: int, codec: str, crf: in
     for name, feature_stats in stats.items():
         totals.episode_stats[name].append(feature_stats)
         row.update({f"stats/{name}/{stat}": value.tolist() for stat, value in feature_stats.items()})
-    row[EPISODE_META_COLUMN] = json.dumps(meta.to_json())
+    row[EPISODE_META_FIELD] = json.dumps(meta.to_json())
     # The row's own file indices are part of it: size it with placeholders, then place it.
     sized = pa.Table.from_pylist([{**row, "meta/episodes/chunk_index": 0, "meta/episodes/file_index": 0}],
                                  schema=episode_files.schema)

@@ -2,17 +2,20 @@
 
 - episode_lengths.png: how long episodes are, in steps and in seconds;
 - segments.png: the share of steps per Segment label, over the store and per episode, with the
-  episodes' success labels marked;
+  episodes' success labels marked (steps with a value that is no Segment get an "unknown" bar);
 - actions.png: one histogram per action dimension (a sample of at most MAX_ACTION_ROWS rows, read
   as a few contiguous ranges, so a store of any size plots in seconds);
 - success.png: success rate by task, when any episode is labelled.
 
-Drawn with matplotlib's Agg backend: no display needed.
+The numbers each plot draws come from a function of their own (`segment_shares`, `action_sample`,
+`success_by_task`), so they can be checked without looking at pixels. Drawn with matplotlib's Agg
+backend: no display needed.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -25,6 +28,18 @@ MAX_ACTION_PANELS = 32      # action dimensions drawn (the first ones)
 MAX_BARS = 200              # per-episode bars; more episodes are grouped into this many bars
 SEGMENT_COLOURS = {Segment.TELEOP: "tab:blue", Segment.POLICY: "tab:grey", Segment.RECOVERY: "tab:orange",
                    Segment.CORRECTION: "tab:red", Segment.SCRIPTED: "tab:green"}
+UNKNOWN = "unknown"         # the bar of segment values that are no Segment (validate names them)
+UNKNOWN_COLOUR = "black"
+
+
+class SegmentShares(NamedTuple):
+    """Who produced each step, as `segments.png` draws it."""
+
+    labels: list[str]        # Segment names in value order, then UNKNOWN if any step holds another value
+    counts: np.ndarray       # (episodes, labels) steps per label
+    overall: dict[str, float]  # label -> share of all steps (0 for every label of a store without steps)
+    per_episode: np.ndarray  # (episodes, labels) share of each episode's steps (rows of 0 for empty episodes)
+    success: list[bool | None]  # each episode's success label
 
 
 def dataset_plots(store: EpisodeStore, out_dir: Path) -> list[Path]:
@@ -44,7 +59,8 @@ def dataset_plots(store: EpisodeStore, out_dir: Path) -> list[Path]:
     return written
 
 
-def _save(fig, path: Path, tight: bool = True) -> Path:
+def save_figure(fig, path: Path, tight: bool = True) -> Path:
+    """Write `fig` as a PNG at `path` and free it (also used by robo_rl.learn.plots)."""
     import matplotlib.pyplot as plt
 
     if tight:
@@ -69,36 +85,49 @@ def _episode_lengths(store: EpisodeStore, out_dir: Path, title: str) -> Path:
     seconds.set_xlabel("episode length (seconds)")
     mean = f", mean {lengths.mean():.0f} steps ({lengths.mean() / fps:.1f} s)" if len(lengths) else ""
     ax.set_title(f"{title}: {store.n_episodes} episodes{mean} at {fps:g} fps", fontsize="medium")
-    return _save(fig, out_dir / "episode_lengths.png")
+    return save_figure(fig, out_dir / "episode_lengths.png")
+
+
+def segment_shares(store: EpisodeStore) -> SegmentShares:
+    """The share of steps per segment label, over the store and per episode, and each episode's success."""
+    n_known = len(Segment)
+    values = store.read(SEGMENT_KEY).astype(np.int64)
+    unknown = values >= n_known
+    labels = [s.name for s in Segment] + ([UNKNOWN] if unknown.any() else [])
+    columns = np.where(unknown, n_known, values)  # every unknown value into the one extra column
+    episode_of_step = np.repeat(np.arange(store.n_episodes), store.episode_lengths)
+    counts = np.bincount(episode_of_step * len(labels) + columns,
+                         minlength=store.n_episodes * len(labels)).reshape(store.n_episodes, len(labels))
+    total = counts.sum(0)
+    overall = dict(zip(labels, (total / max(int(total.sum()), 1)).tolist()))
+    per_episode = counts / np.maximum(counts.sum(1, keepdims=True), 1)
+    return SegmentShares(labels, counts, overall, per_episode, [m.success for m in store.metas])
 
 
 def _segments(store: EpisodeStore, out_dir: Path, title: str) -> Path:
     import matplotlib.pyplot as plt
 
-    n_labels = len(Segment)
-    lengths = store.episode_lengths
-    labels = np.minimum(store.read(SEGMENT_KEY).astype(np.int64), n_labels - 1)  # (validate reports unknown labels)
-    episode_of_step = np.repeat(np.arange(store.n_episodes), lengths)
-    counts = np.bincount(episode_of_step * n_labels + labels,
-                         minlength=store.n_episodes * n_labels).reshape(store.n_episodes, n_labels)
+    shares = segment_shares(store)
+    labels, counts = shares.labels, shares.counts
+    colours = [SEGMENT_COLOURS[Segment[name]] if name != UNKNOWN else UNKNOWN_COLOUR for name in labels]
     # Many episodes: neighbours share a bar, so the figure stays readable and quick to draw.
     groups = np.array_split(np.arange(store.n_episodes), min(MAX_BARS, store.n_episodes)) if store.n_episodes else []
-    bar_counts = np.array([counts[g].sum(0) for g in groups]).reshape(-1, n_labels)
-    shares = bar_counts / np.maximum(bar_counts.sum(1, keepdims=True), 1)
+    bar_counts = np.array([counts[g].sum(0) for g in groups]).reshape(-1, len(labels))
+    bar_shares = bar_counts / np.maximum(bar_counts.sum(1, keepdims=True), 1)
     fig, (overall, per_episode) = plt.subplots(1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [1, 3]})
-    total = counts.sum(0)
-    overall.bar([s.name for s in Segment], total / max(total.sum(), 1), color=[SEGMENT_COLOURS[s] for s in Segment])
+    overall.bar(labels, [shares.overall[name] for name in labels], color=colours)
     overall.set_ylabel("share of steps")
     overall.set_ylim(0, 1)
     overall.tick_params(axis="x", labelrotation=45)
     overall.set_title("all steps")
     x = np.arange(len(groups))
     bottom = np.zeros(len(groups))
-    for s in Segment:
-        if total[s]:
-            per_episode.bar(x, shares[:, s], bottom=bottom, width=1.0, color=SEGMENT_COLOURS[s], label=s.name)
-            bottom += shares[:, s]
-    success = [[store.meta(int(i)).success for i in g] for g in groups]
+    total = counts.sum(0)
+    for c, name in enumerate(labels):
+        if total[c]:
+            per_episode.bar(x, bar_shares[:, c], bottom=bottom, width=1.0, color=colours[c], label=name)
+            bottom += bar_shares[:, c]
+    success = [[shares.success[int(i)] for i in g] for g in groups]
     rate = np.array([np.mean([v for v in g if v is not None]) if any(v is not None for v in g) else np.nan
                      for g in success])
     labelled = ~np.isnan(rate)
@@ -113,10 +142,10 @@ def _segments(store: EpisodeStore, out_dir: Path, title: str) -> Path:
                            else f"episodes, {store.n_episodes / max(len(groups), 1):.1f} per bar")
     per_episode.set_title("per episode", pad=14)  # room for the success markers
     if total.any():
-        per_episode.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=len(Segment), fontsize="small",
+        per_episode.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=len(labels), fontsize="small",
                            frameon=False)
     fig.suptitle(f"{title}: who produced each step")
-    return _save(fig, out_dir / "segments.png")
+    return save_figure(fig, out_dir / "segments.png")
 
 
 def _action_key(store: EpisodeStore) -> str | None:
@@ -126,21 +155,26 @@ def _action_key(store: EpisodeStore) -> str | None:
     return next((k for k in keys if k.startswith("action")), None)
 
 
-def _action_sample(store: EpisodeStore, key: str) -> np.ndarray:
-    """At most MAX_ACTION_ROWS rows of `key`, as evenly spread contiguous ranges, flattened per step."""
+def action_sample(store: EpisodeStore, key: str, max_rows: int | None = None,
+                  range_rows: int | None = None) -> np.ndarray:
+    """At most `max_rows` (MAX_ACTION_ROWS) rows of `key`, all of them if the store holds no more,
+    else as evenly spread, non-overlapping contiguous ranges of `range_rows` (ACTION_RANGE_ROWS)
+    rows from the first row to the last; flattened per step, as float64."""
+    max_rows = MAX_ACTION_ROWS if max_rows is None else max_rows
+    range_rows = min(ACTION_RANGE_ROWS if range_rows is None else range_rows, max_rows)
     n = store.n_steps
-    if n <= MAX_ACTION_ROWS:
+    if n <= max_rows:
         rows = store.read(key)
     else:
-        starts = np.linspace(0, n - ACTION_RANGE_ROWS, MAX_ACTION_ROWS // ACTION_RANGE_ROWS).astype(np.int64)
-        rows = np.concatenate([store.read(key, int(s), int(s) + ACTION_RANGE_ROWS) for s in starts])
+        starts = np.linspace(0, n - range_rows, max(1, max_rows // range_rows)).astype(np.int64)
+        rows = np.concatenate([store.read(key, int(s), int(s) + range_rows) for s in starts])
     return rows.reshape(len(rows), -1).astype(np.float64)
 
 
 def _actions(store: EpisodeStore, key: str, out_dir: Path, title: str) -> Path:
     import matplotlib.pyplot as plt
 
-    sample = _action_sample(store, key)
+    sample = action_sample(store, key)
     dims = min(sample.shape[1], MAX_ACTION_PANELS)
     cols = min(dims, 7)  # 7: one ALOHA arm (6 joints + gripper) per row
     rows = -(-dims // cols)
@@ -158,25 +192,32 @@ def _actions(store: EpisodeStore, key: str, out_dir: Path, title: str) -> Path:
         ax.set_yticks([])
     shown = f", first {dims} of {sample.shape[1]} dims" if dims < sample.shape[1] else ""
     fig.suptitle(f"{title}: {key} over {len(sample)} of {store.n_steps} steps{shown}")
-    return _save(fig, out_dir / "actions.png", tight=False)
+    return save_figure(fig, out_dir / "actions.png", tight=False)
+
+
+def success_by_task(store: EpisodeStore) -> dict[str, tuple[int, int]]:
+    """Task ("(none)" for none) -> (successful, labelled) episodes, over episodes with a success label."""
+    by_task: dict[str, tuple[int, int]] = {}
+    for m in store.metas:
+        if m.success is not None:
+            ok, n = by_task.get(m.task or "(none)", (0, 0))
+            by_task[m.task or "(none)"] = (ok + bool(m.success), n + 1)
+    return by_task
 
 
 def _success(store: EpisodeStore, out_dir: Path, title: str) -> Path:
     import matplotlib.pyplot as plt
 
-    by_task: dict[str, list[bool]] = {}
-    for m in store.metas:
-        if m.success is not None:
-            by_task.setdefault(m.task or "(none)", []).append(bool(m.success))
+    by_task = success_by_task(store)
     tasks = sorted(by_task)
-    rates = [np.mean(by_task[t]) for t in tasks]
+    rates = [succeeded / labelled for succeeded, labelled in (by_task[t] for t in tasks)]
     fig, ax = plt.subplots(figsize=(max(4.0, 1.2 * len(tasks) + 2), 3.5))
     bars = ax.bar(tasks, rates, color="tab:green")
     for bar, t in zip(bars, tasks):
-        ax.annotate(f"{sum(by_task[t])}/{len(by_task[t])}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+        ax.annotate(f"{by_task[t][0]}/{by_task[t][1]}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                     ha="center", va="bottom", fontsize="small")
     ax.set_ylim(0, 1.1)
     ax.set_ylabel("success rate (labelled episodes)")
     ax.tick_params(axis="x", labelrotation=30)
     ax.set_title(f"{title}: success by task")
-    return _save(fig, out_dir / "success.png")
+    return save_figure(fig, out_dir / "success.png")

@@ -15,8 +15,9 @@ Frames are decoded in a second pass over the bag and written a shard at a time, 
 images never sit in memory at once.
 
 A bag is one episode; `split_topic` (any message type, e.g. std_msgs/Bool from a record key)
-starts a new episode at each of its messages. The store is written to a temporary folder and
-renamed only when every episode is in, so a failed import leaves nothing behind.
+starts a new episode at each of its messages. The store is written to `OUT.importing` and moved to
+OUT only when every episode is in (robo_rl.data.outputs), so a failed import leaves OUT as it was;
+overwrite replaces only an existing store, never a file or another folder.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 
+from robo_rl.data.outputs import check_destination, move_into_place, staging_dir
 from robo_rl.data.schema import EpisodeMeta, Schema, Segment
 from robo_rl.errors import ConfigError
 
@@ -305,9 +307,7 @@ def import_bags(bags: Sequence[str | Path], out: str | Path, cfg: BagImport, ove
     for topic, camera in cfg.images.items():
         if not camera or "/" in camera or cameras.count(camera) > 1:
             raise ConfigError(f"image topic {topic} -> camera {camera!r}: a camera is a name without '/', one topic each")
-    out = Path(out)
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise ConfigError(f"{out} already exists; pass overwrite=true to replace it")
+    out = check_destination(out, overwrite, sources=bags)  # a file, a bag, or a folder not a store: refused
     contents = [read_bag(b, cfg) for b in bags]  # read everything but the frames before writing
     if not any(c.episodes for c in contents):
         raise ConfigError(f"no episode of 2 or more steps in {', '.join(map(str, bags))}")
@@ -324,8 +324,8 @@ def import_bags(bags: Sequence[str | Path], out: str | Path, cfg: BagImport, ove
     keys = {k: ((n,), "float32") for k in LOWDIM_KEYS}
     keys.update({f"obs/images/{cam}": (shape, "uint8") for cam, shape in sorted(first.shapes.items())})
     schema = Schema.build(keys, fps=cfg.fps, robot=cfg.robot, cameras=sorted(first.shapes))
-    tmp = out.with_name(out.name + ".importing")
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = staging_dir(out, "importing")
+    store = None
     try:
         store = EpisodeStore.create(tmp, schema)
         for bag in contents:
@@ -345,10 +345,10 @@ def import_bags(bags: Sequence[str | Path], out: str | Path, cfg: BagImport, ove
             if frames is not None:
                 frames.close()  # its reader
         store.close()
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
+        move_into_place(tmp, out)  # the old OUT stays until the new one is in
     except BaseException:
+        if store is not None:
+            store.close()  # its writer lock, before its folder goes
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return EpisodeStore.open(out)

@@ -10,7 +10,8 @@
 -> run_dir/plots/eval_success.png success rate against step, with the 95% band where logged
 
 Missing files, rows without a key, and a last line cut short by a crash are all taken in stride:
-what can be plotted is, and nothing to plot writes nothing.
+what can be plotted is, and nothing to plot writes nothing. `read_curves` returns exactly the
+series the plots draw.
 """
 
 from __future__ import annotations
@@ -18,11 +19,31 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
+
+from robo_rl.data.plots import save_figure
 
 MAX_PANELS = 12
 NOT_METRICS = {"step", "time_s", "eval_time_s"}  # bookkeeping, not learning (as are *_per_s rates)
 SPLIT_PREFIXES = ("train_", "heldout_", "val_")  # train_td_error / heldout_td_error: one panel
+
+
+class Curves(NamedTuple):
+    """What the plots of a run draw."""
+
+    panels: dict[str, dict[str, tuple[list[float], list[float]]]]  # panel -> metric -> (steps, finite values)
+    evals: list[dict[str, Any]]  # evaluations with a finite success_rate, by step
+
+
+def read_curves(run_dir: Path) -> Curves:
+    """The series of run_dir's metrics.jsonl and evals.jsonl that `training_plots` draws."""
+    run_dir = Path(run_dir)
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    panels = {title: {key: _series(metrics, key) for key in keys} for title, keys in metric_panels(metrics).items()}
+    evals = sorted((r for r in read_jsonl(run_dir / "evals.jsonl")
+                    if _is_number(r.get("success_rate")) and math.isfinite(r["success_rate"])),
+                   key=lambda r: r["step"])
+    return Curves(panels, evals)
 
 
 def training_plots(run_dir: Path) -> list[Path]:
@@ -31,19 +52,16 @@ def training_plots(run_dir: Path) -> list[Path]:
 
     matplotlib.use("Agg")
     run_dir = Path(run_dir)
-    metrics = read_jsonl(run_dir / "metrics.jsonl")
-    evals = [r for r in read_jsonl(run_dir / "evals.jsonl")
-             if _is_number(r.get("success_rate")) and math.isfinite(r["success_rate"])]
-    panels = metric_panels(metrics)
-    if not panels and not evals:
+    curves = read_curves(run_dir)
+    if not curves.panels and not curves.evals:
         return []
     out = run_dir / "plots"
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    if panels:
-        written.append(_loss_plot(metrics, panels, out / "loss.png", run_dir.name))
-    if evals:
-        written.append(_success_plot(evals, out / "eval_success.png", run_dir.name))
+    if curves.panels:
+        written.append(_loss_plot(curves.panels, out / "loss.png", run_dir.name))
+    if curves.evals:
+        written.append(_success_plot(curves.evals, out / "eval_success.png", run_dir.name))
     return written
 
 
@@ -91,17 +109,16 @@ def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[float], list[flo
     return [s for s, _ in pairs], [v for _, v in pairs]
 
 
-def _loss_plot(rows: list[dict[str, Any]], panels: dict[str, list[str]], path: Path, title: str) -> Path:
+def _loss_plot(panels: dict[str, dict[str, tuple[list[float], list[float]]]], path: Path, title: str) -> Path:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import EngFormatter
 
     cols = min(3, len(panels))
     n_rows = -(-len(panels) // cols)
     fig, axes = plt.subplots(n_rows, cols, figsize=(4.2 * cols, 3.0 * n_rows), squeeze=False)
-    for ax, (panel, keys) in zip(axes.flat, panels.items()):
+    for ax, (panel, series) in zip(axes.flat, panels.items()):
         values = []
-        for key in keys:
-            steps, ys = _series(rows, key)
+        for key, (steps, ys) in series.items():
             ax.plot(steps, ys, label=key, linewidth=1.2, marker="." if len(ys) < 30 else None)
             values += ys
         if values and min(values) > 0:
@@ -110,18 +127,17 @@ def _loss_plot(rows: list[dict[str, Any]], panels: dict[str, list[str]], path: P
         ax.set_xlabel("step")
         ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 20k, not 20000: narrow panels stay legible
         ax.grid(alpha=0.3)
-        if len(keys) > 1:
+        if len(series) > 1:
             ax.legend(fontsize="small")
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     fig.suptitle(f"{title}: training metrics")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _success_plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
     import matplotlib.pyplot as plt
 
-    rows = sorted(rows, key=lambda r: r["step"])
     fig, ax = plt.subplots(figsize=(6, 4))
     banded = [r for r in rows if _is_number(r.get("ci95_low")) and _is_number(r.get("ci95_high"))]
     steps, low, high = ([r[k] for r in banded] for k in ("step", "ci95_low", "ci95_high"))
@@ -140,13 +156,5 @@ def _success_plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
     best = max(rows, key=lambda r: r["success_rate"])
     ax.set_title(f"{title}: last {rows[-1]['success_rate']:.0%}, best {best['success_rate']:.0%} "
                  f"(step {best['step']})", fontsize="medium")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
-
-def _save(fig, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
