@@ -20,6 +20,7 @@ from conftest import robo_rl_cli  # noqa: E402
 from episodes import make_episode, small_schema  # noqa: E402
 from pty_session import PtySession  # noqa: E402
 
+from robo_rl.cli.teleop import close_session  # noqa: E402
 from robo_rl.data.schema import Segment  # noqa: E402
 from robo_rl.data.store import EpisodeStore  # noqa: E402
 from robo_rl.data.viewer import LiveView, RerunLogger  # noqa: E402
@@ -143,6 +144,45 @@ def test_live_view_drops_and_counts_instead_of_blocking(tmp_path):
     assert qpos["step"] == sorted(sent)  # dropped steps leave gaps; the logged ones keep their index
     np.testing.assert_array_equal(np.array(qpos["Scalars:scalars"]), np.array([sent[i] for i in sorted(sent)], np.float64))
     assert temporal["/obs/images/top"]["step"] == sorted(sent)
+
+
+def test_live_view_after_a_logging_error_drains_counts_and_reports(tmp_path):
+    """A step rerun rejects (an image of object dtype): the loop never sees the error; from there
+    on the thread only drains, later steps count as dropped, and close() reports it, not raises."""
+    live = LiveView(RerunLogger("bad", save=tmp_path / "bad.rrd", jpeg_quality=None), queue_size=256)
+    good = {"obs/qpos": np.zeros(14, np.float32)}
+    for _ in range(3):
+        assert live.step(good, Segment.TELEOP)
+    assert live.step({"obs/images/top": np.array([[object()]], dtype=object)}, Segment.TELEOP)  # step 3
+    for _ in range(5):
+        live.step(good, Segment.TELEOP)
+    live.mark("after the error")  # not logged either, and never blocks
+    counts = live.close()  # does not raise
+    assert counts["steps"] == 9 and counts["logged"] == 3 and counts["dropped"] == 6
+    assert counts["error"].startswith("logging failed at step 3: ValueError")
+    summary = live.summary()
+    assert "3 of 9 steps logged" in summary and "6 dropped (logging failed at step 3: ValueError" in summary
+    assert len(summary.splitlines()) == 1
+    assert live.close() == counts  # twice: a session's cleanup may call it again
+    temporal, _ = read_rrd(tmp_path / "bad.rrd")  # what was logged before the error is in the file
+    assert temporal["/obs/qpos"]["step"] == [0, 1, 2] and "/events" not in temporal
+
+
+def test_close_session_closes_every_part_then_raises_the_first_error():
+    closed = []
+
+    class Part:
+        def __init__(self, name, fails=False):
+            self.name, self.fails = name, fails
+
+        def close(self):
+            closed.append(self.name)
+            if self.fails:
+                raise RuntimeError(f"{self.name} failed")
+
+    with pytest.raises(RuntimeError, match="keys failed"):
+        close_session(Part("keys", fails=True), None, Part("robot"), Part("recorder", fails=True), Part("live"))
+    assert closed == ["keys", "robot", "recorder", "live"]
 
 
 def test_record_with_view_true_streams_its_steps_to_an_rrd(tmp_path):

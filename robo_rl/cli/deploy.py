@@ -95,7 +95,7 @@ def live_step(live: Any) -> Any:
 
 def run(cfg: DictConfig) -> int:
     from robo_rl.cli.eval import predictor
-    from robo_rl.cli.teleop import listen_estop
+    from robo_rl.cli.teleop import close_session, listen_estop
     from robo_rl.cli.view import check_live_view, open_live_view, print_live_summary
     from robo_rl.hardware.safety import EStop, SafetyConfig, SafetyFilter, Watchdog
     from robo_rl.policies import load_policy, read_checkpoint
@@ -113,30 +113,31 @@ def run(cfg: DictConfig) -> int:
         predict = value_guided(predict, cfg.critic, int(cfg.critic_samples), policy, cfg.task or ckpt.get("task"),
                                ckpt.get("chunking") or {})
     robot, hardware = make_robot(cfg, policy, cfg.task or ckpt.get("task"))
-    robot.connect()
     safety_cfg = SafetyConfig.from_yaml(hardware)
     ctl_cfg = controller_config(policy, ckpt.get("chunking") or {}, robot.spec.control_hz)
     duration = cfg.duration
     if duration is None:
         duration = robot.env.max_steps / robot.spec.control_hz if cfg.robot == "sim" else 30.0
-    first = robot.observe()  # warm-up: the first call traces the sampler, which must not happen mid-run
-    predict(observation_window([first] * ctl_cfg.n_obs))
-    estop = EStop()
-    listen_estop(robot, cfg.estop_topic, estop)
-    keys = watch_estop_key(estop)
-    live = open_live_view(cfg, "deploy", robot.spec.joint_names)  # view=true: the Rerun viewer (robo_rl/cli/view.py)
-    controller = Controller(robot, predict, ctl_cfg, on_record=None if live is None else live_step(live),
-                            safety=SafetyFilter(robot.spec, safety_cfg), watchdog=Watchdog(safety_cfg), estop=estop)
-    print(f"deploy {policy.name} on {cfg.robot} at {ctl_cfg.hz:.0f} Hz for {float(duration):.0f} s "
-          f"(space: e-stop{'' if cfg.robot == 'sim' else f', or True on {cfg.estop_topic}'}; Ctrl-C stops)", flush=True)
+    live = keys = None
     try:
+        # view=true: the Rerun viewer (robo_rl/cli/view.py), first: if it cannot open, nothing was connected
+        live = open_live_view(cfg, "deploy", robot.spec.joint_names)
+        robot.connect()
+        first = robot.observe()  # warm-up: the first call traces the sampler, which must not happen mid-run
+        predict(observation_window([first] * ctl_cfg.n_obs))
+        estop = EStop()
+        listen_estop(robot, cfg.estop_topic, estop)
+        keys = watch_estop_key(estop)
+        controller = Controller(robot, predict, ctl_cfg, on_record=None if live is None else live_step(live),
+                                safety=SafetyFilter(robot.spec, safety_cfg), watchdog=Watchdog(safety_cfg), estop=estop)
+        print(f"deploy {policy.name} on {cfg.robot} at {ctl_cfg.hz:.0f} Hz for {float(duration):.0f} s "
+              f"(space: e-stop{'' if cfg.robot == 'sim' else f', or True on {cfg.estop_topic}'}; Ctrl-C stops)",
+              flush=True)
         report = controller.run(float(duration))
     finally:
         if keys is not None:
             keys.set()
-        if live is not None:
-            live.close()
-        robot.close()
+        close_session(robot, live)  # the live view last: its close waits for its queue
     print_live_summary(live)
     s = report.summary()
     rows = [["ticks", str(s["ticks"])],

@@ -14,6 +14,7 @@ from robo_rl.cli.app import run_app
 from robo_rl.cli.tables import print_table
 from robo_rl.errors import ConfigError
 from robo_rl.hardware.teleop import TELEOP_KINDS
+from robo_rl.rac.intervention import LABELS as PHASE_LABELS  # a controller phase -> its segment label
 
 # no_new_data is the control: the same fine-tuning on the pre-training demos alone (0 operator
 # samples, one round: every round starts from the checkpoint, so more rounds would repeat it). The
@@ -184,9 +185,16 @@ class HumanSession:
         from robo_rl.cli.view import check_live_view, open_live_view
 
         check_live_view(cfg)  # view=true: the Rerun viewer, before the device opens
-        self.device = make_teleop(cfg.operator, **OmegaConf.to_container(cfg.teleop, resolve=True))
         self.view = None
+        # first: if the live view cannot open, no device was opened; its joint names come with the twin (on_tick)
         self.live = open_live_view(cfg, "rac")
+        self._named = False
+        try:
+            self.device = make_teleop(cfg.operator, **OmegaConf.to_container(cfg.teleop, resolve=True))
+        except BaseException:
+            if self.live is not None:
+                self.live.close()
+            raise
 
     def collect_options(self, method: str, round_: int) -> dict[str, Any]:
         from robo_rl.hardware.teleop import KeyboardTeleop
@@ -208,8 +216,12 @@ class HumanSession:
     def on_tick(self, env: Any, ctl: Any) -> None:
         self.view(env, ctl)
         if self.live is not None:  # view=true; never blocks (a full queue drops the step)
-            from robo_rl.rac.intervention import LABELS as PHASE_LABELS
-
+            if not self._named:  # the twin's joints name the qpos / qvel lines (set before its first step is queued)
+                self.live.logger.joint_names = list(env.robot.spec.joint_names)
+                self._named = True
+            # No `action` here: collect_interventions does not hand on_tick the step's command, and
+            # neither the env (BimanualEnv returns it only in step()'s info["executed_action"]) nor
+            # SimRobot keeps the last executed action (data.ctrl holds actuator units, not commands).
             values = {"obs/qpos": env.robot.joint_positions(), "obs/qvel": env.robot.joint_velocities(),
                       "task/stage": env.task.stage(env.robot)}
             self.live.step(values, PHASE_LABELS[ctl.phase])
@@ -220,12 +232,13 @@ class HumanSession:
             self.view = None
 
     def close(self) -> None:
-        self.close_view()
-        self.device.close()
-        if self.live is not None:
-            from robo_rl.cli.view import print_live_summary
+        from robo_rl.cli.teleop import close_session
+        from robo_rl.cli.view import print_live_summary
 
-            self.live.close()
+        view, self.view = self.view, None
+        try:
+            close_session(view, self.device, self.live)  # each closes even if one before failed; the live view last
+        finally:
             print_live_summary(self.live)
 
 

@@ -10,6 +10,7 @@ dropped, and nothing committed before is touched.
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -100,6 +101,9 @@ def run(cfg: DictConfig) -> int:
         raise ConfigError(f"record: episode_s={cfg.episode_s!r}; give an episode's time limit in seconds (> 0)")
     check_device(cfg)
     check_live_view(cfg)  # view=true
+    if not cfg.auto_start and not sys.stdin.isatty():  # SessionKeys reads the terminal only when stdin is one
+        raise ConfigError("record: the episode keys need a terminal (stdin is not a TTY); run it in a terminal, "
+                          "or pass auto_start=true to start episodes one after another")
     policy = Policy(cfg) if cfg.checkpoint else None
     cameras = list(cfg.cameras) if cfg.cameras is not None else (policy.cameras if policy else [])
     image_size = tuple(int(x) for x in (cfg.image_size or (policy.image_size if policy else (240, 320))))
@@ -118,13 +122,7 @@ def run(cfg: DictConfig) -> int:
     opened = open_robot(cfg, cameras, image_size)
     _, _, estop = safety_for(opened)
     listen_estop(opened.robot, cfg.estop_topic, estop)
-    keys = SessionKeys(estop=estop, episode_keys=EPISODE_KEYS)
-    if keys.terminal is None and not cfg.auto_start:
-        raise ConfigError("record: the episode keys need a terminal (stdin is not a TTY); run it in a terminal, "
-                          "or pass auto_start=true to start episodes one after another")
-    live = open_live_view(cfg, "record", opened.robot.spec.joint_names)  # view=true: the Rerun viewer (robo_rl/cli/view.py)
-    recorder = Recorder(str(cfg.out), store_schema(opened, cameras, image_size))
-    device = viewer = None
+    keys = live = recorder = device = viewer = None
     rows: list[list[str]] = []
     stopped = ""  # why the session stopped early (e-stop, watchdog), if it did
     hz = opened.robot.spec.control_hz
@@ -134,6 +132,10 @@ def run(cfg: DictConfig) -> int:
 
         ctl_cfg = controller_config(policy.policy, policy.chunking, hz)
     try:
+        # view=true: the Rerun viewer (robo_rl/cli/view.py), first: if it cannot open, the terminal is as it was
+        live = open_live_view(cfg, "record", opened.robot.spec.joint_names)
+        keys = SessionKeys(estop=estop, episode_keys=EPISODE_KEYS)
+        recorder = Recorder(str(cfg.out), store_schema(opened, cameras, image_size))
         opened.robot.connect()
         device = open_device(cfg, opened, keys)
         # HG-DAgger's human corrects at once: no RECOVERY steps (as in robo-rl rac)
@@ -224,7 +226,8 @@ def run(cfg: DictConfig) -> int:
     except KeyboardInterrupt:  # outside the control loop (between episodes, at a reset): ended episodes are kept
         print("interrupted", flush=True)
     finally:
-        close_session(keys, live, viewer, device, opened.robot, recorder)  # the recorder waits for every commit
+        # the recorder waits for every commit; the live view last (its close waits for its queue)
+        close_session(keys, viewer, device, opened.robot, recorder, live)
     print_live_summary(live)
     print_table(f"record: {cfg.out}", ["episode", "steps", "seconds", "success", "ended by", "tick p99 ms",
                                         "step/velocity clamps"], rows)

@@ -215,11 +215,18 @@ def listen_estop(robot: Any, topic: str | None, estop: Any) -> None:
 
 
 def close_session(*parts: Any) -> None:
-    """Close a session's parts in order (the terminal first, so it is restored even if a later
-    close fails); parts never opened are None."""
+    """Close a session's parts in order (the terminal first); parts never opened are None. A
+    part whose close fails does not keep the others open: all are closed, then the first error
+    is raised."""
+    first: BaseException | None = None
     for part in parts:
         if part is not None:
-            part.close()
+            try:
+                part.close()
+            except BaseException as e:
+                first = first or e
+    if first is not None:
+        raise first
 
 
 def safety_for(opened: OpenRobot) -> tuple[Any, Any, Any]:
@@ -243,14 +250,15 @@ def run(cfg: DictConfig) -> int:
     opened = open_robot(cfg)
     safety, watchdog, estop = safety_for(opened)
     listen_estop(opened.robot, cfg.estop_topic, estop)
-    keys = SessionKeys(estop=estop)
-    device = viewer = live = None
+    keys = device = viewer = live = None
     try:
+        # view=true: the Rerun viewer, first: if it cannot open, nothing was connected and the terminal is as it was
+        live = open_live_view(cfg, "teleop", opened.robot.spec.joint_names)
+        keys = SessionKeys(estop=estop)
         opened.robot.connect()
         device = open_device(cfg, opened, keys)
         operator = TeleopOperator(opened.kinematics, device)
         viewer = TwinViewer(opened, keys)
-        live = open_live_view(cfg, "teleop", opened.robot.spec.joint_names)  # view=true: the Rerun viewer
         hz = opened.robot.spec.control_hz
         ticks = [0]
 
@@ -272,7 +280,7 @@ def run(cfg: DictConfig) -> int:
         report = controller.run(None if cfg.duration is None else float(cfg.duration))
         print()
     finally:
-        close_session(keys, live, viewer, device, opened.robot)
+        close_session(keys, viewer, device, opened.robot, live)  # the live view last: its close waits for its queue
     print_live_summary(live)
     s = report.summary()
     print_table(f"teleop {cfg.teleop} on {cfg.robot}", ["measure", "value"], timing_rows(s))

@@ -71,7 +71,9 @@ def check_live_view(cfg: DictConfig) -> None:
 def open_live_view(cfg: DictConfig, verb: str, joint_names: Sequence[str] | None = None, queue_size: int = 64) -> Any:
     """`view=true` in a verb's config: a LiveView (robo_rl/data/viewer.py) writing to `view_save`
     (an .rrd) or to a Rerun viewer it spawns; None when view is off. Its `step()` never blocks
-    the control loop: when the viewer falls behind, steps are dropped and counted."""
+    the control loop: when the viewer falls behind, steps are dropped and counted. It can fail
+    (ConfigError: view_save not writable, the viewer does not start), so a verb opens it before
+    its robot connects, its device opens or the terminal changes mode, and closes it last."""
     if not cfg.get("view"):
         return None
     from robo_rl.data.viewer import LiveView, RerunLogger

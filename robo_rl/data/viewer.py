@@ -1,8 +1,7 @@
 """Episodes in the Rerun viewer (rerun-sdk, an optional dependency: `pip install 'robo_rl[viz]'`).
 
 `RerunLogger` writes one recording: to an .rrd file (`save=`, for machines without a display;
-open it later with `rerun FILE.rrd`), to a viewer it spawns (`spawn=True`), or to a viewer
-already running elsewhere (`connect=` its gRPC url, e.g. a laptop watching a robot). Entities:
+open it later with `rerun FILE.rrd`) or to a viewer it spawns (`spawn=True`). Entities:
 
     meta                  the episode's facts (robot, fps, task, success, source, ...) as markdown
     obs/qpos, action, ... one entity per low-dimensional key, a vector of scalars per step (one
@@ -95,6 +94,13 @@ def observation_values(obs: Any, action: np.ndarray | None = None) -> dict[str, 
     return values
 
 
+def one_line(e: BaseException, limit: int = 200) -> str:
+    """An exception as `Type: first line of its message`, at most `limit` characters."""
+    text = str(e).strip().splitlines()
+    text = f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+    return text if len(text) <= limit else text[:limit] + " ..."
+
+
 def _markdown_table(title: str, rows: Sequence[tuple[str, Any]]) -> str:
     lines = [f"# {title}", "", "| | |", "|---|---|"]
     for key, value in rows:
@@ -105,14 +111,13 @@ def _markdown_table(title: str, rows: Sequence[tuple[str, Any]]) -> str:
 
 class RerunLogger:
     """One Rerun recording (an explicit RecordingStream: no global state) and how robo_rl's
-    episodes map onto it. Give exactly one sink: `save` (an .rrd path), `connect` (the gRPC url of
-    a running viewer) or `spawn=True` (start a viewer; needs a display)."""
+    episodes map onto it. Give exactly one sink: `save` (an .rrd path) or `spawn=True` (start a
+    viewer; needs a display)."""
 
-    def __init__(self, recording_id: str, *, save: str | os.PathLike | None = None, connect: str | None = None,
-                 spawn: bool = False, app_id: str = "robo_rl", jpeg_quality: int | None = 90,
-                 joint_names: Sequence[str] | None = None):
-        if sum([save is not None, connect is not None, bool(spawn)]) != 1:
-            raise ConfigError("the Rerun logger needs one sink: save=FILE.rrd, connect=URL or spawn=true")
+    def __init__(self, recording_id: str, *, save: str | os.PathLike | None = None, spawn: bool = False,
+                 app_id: str = "robo_rl", jpeg_quality: int | None = 90, joint_names: Sequence[str] | None = None):
+        if (save is not None) == bool(spawn):
+            raise ConfigError("the Rerun logger needs one sink: save=FILE.rrd or spawn=true")
         if jpeg_quality is not None and not 1 <= int(jpeg_quality) <= 100:
             raise ConfigError(f"jpeg_quality={jpeg_quality}: JPEG quality is 1..100 (or null for raw frames)")
         if spawn and not has_display():
@@ -128,11 +133,12 @@ class RerunLogger:
             except (OSError, RuntimeError) as e:
                 raise ConfigError(f"cannot write the Rerun recording to {save}: {e}") from None
             self.sink = str(save)
-        elif connect is not None:
-            self.rec.connect_grpc(str(connect))
-            self.sink = f"the Rerun viewer at {connect}"
         else:
-            self.rec.spawn(connect=True)
+            try:
+                self.rec.spawn(connect=True)
+            except Exception as e:  # no `rerun` binary, it failed to start, or its port is taken
+                raise ConfigError(f"could not start the Rerun viewer: {one_line(e)}; write a file instead with "
+                                  "--save x.rrd (view_save=x.rrd live)") from None
             self.sink = "the Rerun viewer"
         self.jpeg_quality = None if jpeg_quality is None else int(jpeg_quality)
         self.joint_names = list(joint_names) if joint_names else None
@@ -227,7 +233,7 @@ class RerunLogger:
         n = end - start
         low = store.episode(i, [*schema.lowdim_keys, TIMESTAMP_KEY, SEGMENT_KEY])
         ts = low[TIMESTAMP_KEY]
-        seconds = ts - ts[0] if n else ts
+        seconds = ts - ts[0]  # a committed episode has at least one step
         steps = np.arange(n, dtype=np.int64)
 
         def times(sel: Any = slice(None)) -> list[Any]:
@@ -241,12 +247,11 @@ class RerunLogger:
                              columns=rr.Scalars.columns(scalars=values).partition(lengths=[values.shape[1]] * n))
         seg = low[SEGMENT_KEY].astype(np.int64)
         rec.send_columns(SEGMENT_ID, indexes=times(), columns=rr.Scalars.columns(scalars=seg.astype(np.float64)))
-        changes = np.flatnonzero(np.diff(seg, prepend=-1)) if n else np.zeros(0, np.int64)
-        if len(changes):
-            rec.send_columns(SEGMENT_LABEL, indexes=times(changes), columns=rr.TextLog.columns(
-                text=[segment_name(s) for s in seg[changes]], level=["INFO"] * len(changes),
-                color=[SEGMENT_COLOURS.get(int(s), UNKNOWN_COLOUR) for s in seg[changes]]))
-        self._last_segment = int(seg[-1]) if n else None
+        changes = np.flatnonzero(np.diff(seg, prepend=-1))  # always holds step 0
+        rec.send_columns(SEGMENT_LABEL, indexes=times(changes), columns=rr.TextLog.columns(
+            text=[segment_name(s) for s in seg[changes]], level=["INFO"] * len(changes),
+            color=[SEGMENT_COLOURS.get(int(s), UNKNOWN_COLOUR) for s in seg[changes]]))
+        self._last_segment = int(seg[-1])
         for key in schema.image_keys:
             self._send_frames(store, key, start, end, times)
         return {"steps": n, "entities": len(schema.keys) + 3}  # + meta, segment/id, segment/label
@@ -284,23 +289,37 @@ class LiveView:
     must not stall for a picture. The step counter still advances, so a drop shows as a gap on the
     `step` timeline, and a segment change inside a gap is logged at the next step that gets
     through. The episode store, not the viewer, is the record of what happened.
+
+    A logging error does not reach the loop: from the first one on, the thread only drains the
+    queue, the steps it takes count as dropped, and `close()` / `summary()` report the error.
     """
 
     def __init__(self, logger: RerunLogger, queue_size: int = 64):
         self.logger = logger
         self.queue: queue.Queue = queue.Queue(maxsize=max(1, int(queue_size)))
         self.steps = 0     # step() calls: logged + dropped (+ the few still queued before close)
-        self.dropped = 0
         self.logged = 0
+        self._full = 0     # dropped by step() on a full queue (the loop's thread)
+        self._skipped = 0  # taken off the queue after a logging error, not logged (the logging thread)
+        self.error: str | None = None  # the first logging error, one line
         self.t0 = time.monotonic()
-        self._error: BaseException | None = None
+        self._closed: dict[str, Any] | None = None
         self._thread = threading.Thread(target=self._run, name="rerun-live", daemon=True)
         self._thread.start()
+
+    @property
+    def dropped(self) -> int:
+        """Steps not logged: the queue was full, or logging had failed. Two counters, one per
+        thread, so that neither increment races the other."""
+        return self._full + self._skipped
 
     def step(self, values: Mapping[str, Any], segment: int | None = None, t: float | None = None) -> bool:
         """Queue one step (time `t` in seconds, default: since this view opened). False if dropped."""
         index = self.steps
         self.steps += 1
+        if self.queue.full():  # dropped before the copy: a step the viewer cannot take costs nothing
+            self._full += 1
+            return False
         t = time.monotonic() - self.t0 if t is None else float(t)
         # a copy: the caller may reuse its buffers while this step waits in the queue
         item = ("step", index, t, {k: np.array(v) for k, v in values.items()}, None if segment is None else int(segment))
@@ -308,7 +327,7 @@ class LiveView:
             self.queue.put_nowait(item)
             return True
         except queue.Full:
-            self.dropped += 1
+            self._full += 1
             return False
 
     def mark(self, text: str) -> None:
@@ -322,26 +341,35 @@ class LiveView:
             if item is None:
                 return
             kind, index, t, payload, segment = item
+            if self.error is not None:  # logging failed before: drain only, so step() never blocks
+                self._skipped += kind == "step"
+                continue
             try:
                 if kind == "step":
                     self.logger.log_step(index, t, payload, segment)
                     self.logged += 1
                 else:
                     self.logger.mark(payload, index, t)
-            except BaseException as e:  # keep draining so step() never blocks; close() reports it
-                if self._error is None:
-                    self._error = e
-                    log.warning("live Rerun view: logging failed (%s: %s); later steps are not shown",
-                                type(e).__name__, e)
+            except BaseException as e:  # the thread must live on to drain, or close() would wait forever
+                self._skipped += kind == "step"
+                self.error = f"logging failed at step {index}: {one_line(e)}"
+                log.warning("live Rerun view: %s; later steps are not shown", self.error)
 
-    def close(self) -> dict[str, int]:
-        """Log what is queued, end the recording, and return {"steps", "logged", "dropped"}."""
-        self.queue.put(None)
-        self._thread.join()
-        self.logger.close()
-        return {"steps": self.steps, "logged": self.logged, "dropped": self.dropped}
+    def close(self) -> dict[str, Any]:
+        """Log what is queued, end the recording, and return {"steps", "logged", "dropped",
+        "error"}. Never raises (it runs in a session's cleanup): a failure is in `error`."""
+        if self._closed is None:
+            self.queue.put(None)
+            self._thread.join()
+            try:
+                self.logger.close()
+            except Exception as e:
+                self.error = self.error or f"closing the recording failed: {one_line(e)}"
+                log.warning("live Rerun view: %s", self.error)
+            self._closed = {"steps": self.steps, "logged": self.logged, "dropped": self.dropped, "error": self.error}
+        return self._closed
 
     def summary(self) -> str:
-        return (f"{self.logged} of {self.steps} steps logged to {self.logger.sink}, "
-                f"{self.dropped} dropped (the viewer fell behind)")
-
+        why = self.error if self.error is not None else "the viewer fell behind" if self.dropped else ""
+        return (f"{self.logged} of {self.steps} steps logged to {self.logger.sink}, {self.dropped} dropped"
+                + (f" ({why})" if why else ""))
