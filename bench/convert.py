@@ -115,25 +115,10 @@ def store_write_rate(tmp: Path, episodes: list[dict[str, np.ndarray]], schema: S
 # ====================================================================== 1. export
 def bare_encode(frames: list[np.ndarray], path: Path, codec: str, fps: int) -> int:
     """Every frame through one PyAV encoder with the export's settings; returns the mp4's bytes."""
-    import av
+    from robo_rl.data.lerobot_export import _encode_episode  # the export's own encoder settings, all frames at once
 
-    from robo_rl.data.lerobot_export import ENCODERS, GOP
-
-    encoder, options = ENCODERS[codec]
     h, w = frames[0].shape[1:3]
-    with av.open(str(path), mode="w", format="mp4") as container:
-        stream = container.add_stream(encoder, rate=fps, options={**options, "crf": str(CRF), "g": str(GOP)})
-        stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
-        k = 0
-        for block in frames:
-            for img in block:
-                frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(img), format="rgb24")
-                frame.pts = k
-                k += 1
-                for packet in stream.encode(frame):
-                    container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
+    path.write_bytes(_encode_episode(iter(frames), fps, codec, CRF, h, w))
     return path.stat().st_size
 
 

@@ -33,7 +33,6 @@ folder. A dataset h5py cannot read (a corrupt chunk) is one error line naming fi
 from __future__ import annotations
 
 import re
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -42,7 +41,7 @@ import cv2
 import h5py
 import numpy as np
 
-from robo_rl.data.outputs import check_destination, move_into_place, staging_dir
+from robo_rl.data.outputs import check_destination, new_store
 from robo_rl.data.schema import IMAGE_PREFIX, EpisodeMeta, Schema, Segment
 from robo_rl.data.store import EpisodeStore
 from robo_rl.errors import ConfigError
@@ -227,19 +226,9 @@ def import_hdf5(paths: Sequence[str | Path], out: str | Path, *, fps: float = 50
             raise ConfigError(f"{f.path}: holds {_describe(f.signature())}, but {first.path} holds "
                               f"{_describe(first.signature())}; every episode of a store has the same keys")
     schema = Schema.build(first.signature(), fps=fps, robot=robot, cameras=sorted(first.cameras))
-    tmp = staging_dir(out, "importing")
-    store = None
-    try:
-        store = EpisodeStore.create(tmp, schema)
+    with new_store(out, schema) as store:  # OUT.importing, renamed to OUT only when every episode is in
         for f in tqdm(files, desc="import-hdf5", unit="episode", disable=not progress):
             _write_episode(store, f, fps, task)
-        store.close()
-        move_into_place(tmp, out)  # the old OUT stays until the new one is in
-    except BaseException:
-        if store is not None:
-            store.close()  # its writer lock, before its folder goes
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return EpisodeStore.open(out)
 
 

@@ -56,7 +56,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -66,7 +65,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from robo_rl.data.outputs import check_destination, move_into_place, staging_dir
+from robo_rl.data.outputs import check_destination, new_store
 from robo_rl.data.schema import IMAGE_PREFIX, EpisodeMeta, KeySpec, Schema, Segment
 from robo_rl.data.store import EpisodeStore
 from robo_rl.errors import ConfigError, SchemaError
@@ -755,22 +754,8 @@ def import_lerobot(src: str | Path, out: str | Path, *, overwrite: bool = False,
     ds = read_dataset(src)  # every metadata check before anything is written
     keys = {f.key: KeySpec(f.key, f.shape, f.dtype) for f in ds.features.values()}
     schema = Schema(keys=keys, fps=float(ds.fps), robot=robot or ds.robot_type or "unknown")
-    staging = staging_dir(out, "importing")
-    store: EpisodeStore | None = None
-    try:
-        store = EpisodeStore.create(staging, schema)
+    with new_store(out, schema) as store:
         _write_episodes(ds, store, progress)
-        store.close()
-        store = None
-        move_into_place(staging, out)
-    except BaseException:
-        if store is not None:
-            try:
-                store.close()  # the writer lock, before its folder goes
-            except Exception:  # noqa: BLE001 - already failing; keep the first error
-                pass
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     if ds.skipped:  # said once the import has worked, so a failure stays one line
         log.warning("%s: string feature(s) %s not imported: a store holds numbers and images",
                     ds.info_path, ", ".join(ds.skipped))

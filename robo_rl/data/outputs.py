@@ -13,13 +13,18 @@ helpers hold the two rules that keep a user's data safe:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 from robo_rl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from robo_rl.data.schema import Schema
+    from robo_rl.data.store import EpisodeStore
 
 
 def check_destination(out: str | os.PathLike, overwrite: bool, sources: Iterable[str | os.PathLike] = (),
@@ -69,3 +74,25 @@ def move_into_place(staging: Path, out: Path) -> None:
         raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def new_store(out: Path, schema: "Schema") -> Iterator["EpisodeStore"]:
+    """An importer's store: created in OUT.importing, moved to OUT when the block ends without an
+    error; on an error its writer lock is released and the folder removed (OUT is untouched)."""
+    from robo_rl.data.store import EpisodeStore  # here: outputs.py is also used by the exporter
+
+    staging = staging_dir(out, "importing")
+    store = None
+    try:
+        store = EpisodeStore.create(staging, schema)
+        yield store
+        store.close()
+        store = None
+        move_into_place(staging, out)
+    except BaseException:
+        if store is not None:
+            with contextlib.suppress(Exception):  # already failing: keep the first error
+                store.close()
+        shutil.rmtree(staging, ignore_errors=True)
+        raise

@@ -22,14 +22,13 @@ overwrite replaces only an existing store, never a file or another folder.
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 
-from robo_rl.data.outputs import check_destination, move_into_place, staging_dir
+from robo_rl.data.outputs import check_destination, new_store
 from robo_rl.data.schema import EpisodeMeta, Schema, Segment
 from robo_rl.errors import ConfigError
 
@@ -324,10 +323,7 @@ def import_bags(bags: Sequence[str | Path], out: str | Path, cfg: BagImport, ove
     keys = {k: ((n,), "float32") for k in LOWDIM_KEYS}
     keys.update({f"obs/images/{cam}": (shape, "uint8") for cam, shape in sorted(first.shapes.items())})
     schema = Schema.build(keys, fps=cfg.fps, robot=cfg.robot, cameras=sorted(first.shapes))
-    tmp = staging_dir(out, "importing")
-    store = None
-    try:
-        store = EpisodeStore.create(tmp, schema)
+    with new_store(out, schema) as store:  # OUT.importing, renamed to OUT only when every episode is in
         for bag in contents:
             frames = iter_frames(bag) if bag.images else None
             for ep in bag.episodes:
@@ -344,11 +340,4 @@ def import_bags(bags: Sequence[str | Path], out: str | Path, cfg: BagImport, ove
                 writer.commit()
             if frames is not None:
                 frames.close()  # its reader
-        store.close()
-        move_into_place(tmp, out)  # the old OUT stays until the new one is in
-    except BaseException:
-        if store is not None:
-            store.close()  # its writer lock, before its folder goes
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return EpisodeStore.open(out)
