@@ -249,6 +249,7 @@ def test_a_tiny_rac_round_end_to_end(tmp_path):
     assert r.returncode == 2 and "already holds results" in r.stderr
 
 
+@pytest.mark.slow  # ~65 s; `make demo` runs the same story, and test_a_tiny_rac_round_end_to_end covers its parts
 def test_the_demo_runs_the_whole_story_at_toy_size(tmp_path):
     """make demo's command at toy sizes: every stage runs and leaves its files."""
     out = tmp_path / "demo"
