@@ -1,4 +1,5 @@
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -7,6 +8,12 @@ import pytest
 TESTS = Path(__file__).parent
 sys.path.insert(0, str(TESTS))
 os.environ.setdefault("MUJOCO_GL", "egl")
+
+# A shell without job control starts background commands (`make test &`, some CI runners) with
+# SIGINT ignored, and every process they start inherits that: the tests that stop a CLI with
+# Ctrl-C (SIGINT) would wait forever. A handler here is reset to the default in each child at exec.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 from episodes import make_episode, small_schema  # noqa: E402
 

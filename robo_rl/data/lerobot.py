@@ -85,6 +85,11 @@ SEEK_AHEAD_S = 2.0  # a video time further ahead than this is sought, not decode
 
 
 # ---------------------------------------------------------------------- feature names <-> store keys
+# The two features whose store names are not their LeRobot names with dots made slashes.
+RENAMED_FEATURES = {"observation.state": "obs/qpos", "observation.velocity": "obs/qvel"}
+RENAMED_KEYS = {key: name for name, key in RENAMED_FEATURES.items()}
+
+
 def feature_to_key(name: str, camera: bool = False) -> str:
     """The store key of a LeRobot feature (see the table in the module docstring). A camera
     outside `observation.images.` (ported datasets have `observation.image`) becomes
@@ -93,10 +98,8 @@ def feature_to_key(name: str, camera: bool = False) -> str:
         return IMAGE_PREFIX + name[len(CAMERA_FEATURE_PREFIX):]
     if camera:
         return IMAGE_PREFIX + name.rsplit(".", 1)[-1]
-    if name == "observation.state":
-        return "obs/qpos"
-    if name == "observation.velocity":
-        return "obs/qvel"
+    if name in RENAMED_FEATURES:
+        return RENAMED_FEATURES[name]
     if name.startswith("observation."):
         return "obs/" + name[len("observation."):].replace(".", "/")
     return name.replace(".", "/")
@@ -106,10 +109,8 @@ def key_to_feature(key: str) -> str:
     """The LeRobot feature name of a store key: the inverse of `feature_to_key`."""
     if key.startswith(IMAGE_PREFIX):
         return CAMERA_FEATURE_PREFIX + key[len(IMAGE_PREFIX):]
-    if key == "obs/qpos":
-        return "observation.state"
-    if key == "obs/qvel":
-        return "observation.velocity"
+    if key in RENAMED_KEYS:
+        return RENAMED_KEYS[key]
     if key.startswith("obs/"):
         return "observation." + key[len("obs/"):].replace("/", ".")
     return key.replace("/", ".")

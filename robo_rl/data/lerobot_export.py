@@ -45,6 +45,7 @@ codec's loss (PSNR, largest and mean absolute error), which the report returns.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -321,10 +322,8 @@ class _RollingParquet:
         """Close an open file without writing what is pending (the export failed; the folder is deleted next)."""
         self._pending, self._pending_bytes = [], 0
         if self._writer is not None:
-            try:
+            with contextlib.suppress(Exception):  # already failing: keep the first error
                 self._writer.close()
-            except Exception:  # noqa: BLE001 - already failing; keep the first error
-                pass
             self._writer = None
 
 
@@ -458,10 +457,8 @@ class _CameraVideos:
     def abort(self) -> None:
         """Close an open file without checking it (the export failed; the folder is deleted next)."""
         if self._container is not None:
-            try:
+            with contextlib.suppress(Exception):  # already failing: keep the first error
                 self._container.close()
-            except Exception:  # noqa: BLE001 - already failing; keep the first error
-                pass
             self._container = None
 
     def _check_file(self, path: Path, episodes: list[_VideoEpisode]) -> None:
