@@ -9,7 +9,9 @@
     (U-Net 256/512/1024, ResNet-18 width 64). Targets: p99 <= 5 ms low-dim, <= 30 ms with images.
     LeRobot's ACT (37 ms) and diffusion policy (1.8 s at DDIM 10) on this kind of machine are quoted.
 (b) training: optimiser steps/s (forward + backward + AdamW) on CPU with all threads, batch 64
-    and 256, low-dim and 2-camera 96x96, flow with each backbone.
+    and 256, low-dim and 2-camera 96x96, flow with each backbone; then the task-sized low-dim
+    backbones against the default DiT at batch 128: fp32, bf16 autocast (the CPU's flags say
+    whether it has AVX512-BF16; without it bf16 is emulated and slower) and fp32 + torch.compile.
 (c) GPU (only when CUDA is available): steps/s and samples/s at batch 256, fp32 vs bf16 autocast,
     eager vs torch.compile.
 
@@ -45,7 +47,11 @@ CONFIGS = [  # label, policy, options
     ("diffusion DiT, 2 actions per token", "diffusion", {"dit_patch": 2}),
     ("flow DiT, half-width MLP", "flow", {"dit_mlp_ratio": 2.0}),
     ("diffusion DiT, half-width MLP", "diffusion", {"dit_mlp_ratio": 2.0}),
+    # task-sized backbones for low-dim tasks (issue 20: pre-training to convergence on a CPU)
+    ("flow DiT 64 wide, 2 blocks", "flow", {"dit_dim": 64, "dit_depth": 2}),
+    ("flow DiT 128 wide, 4 blocks, 2 actions per token", "flow", {"dit_patch": 2}),
 ]
+TASK_SIZED = [CONFIGS[0], *CONFIGS[-2:]]
 
 
 def obs_window(shapes: ObsShapes, batch: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -75,6 +81,16 @@ def latency(policy, shapes: ObsShapes, reps: int, frozen: bool = False) -> tuple
                 times.append(time.perf_counter() - t)
     ms = np.asarray(times) * 1e3
     return float(np.percentile(ms, 50)), float(np.percentile(ms, 99)), sum(p.numel() for p in policy.parameters())
+
+
+def cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
 
 
 def train_rate(policy, shapes: ObsShapes, batch: int, device: str, seconds: float, bf16: bool = False,
@@ -144,6 +160,22 @@ def main() -> None:
                 for b in batches:
                     r = train_rate(make_policy(name, opts, shapes), shapes, b, "cpu", seconds)
                     t.add_row(label.split(" K=")[0].split(" DDIM")[0], obs_label, str(b), f"{r:.1f}", f"{r * b:.0f}")
+        console.print(t)
+        flags = cpu_flags()
+        t = table(f"(b2) task-sized low-dim backbones, batch 128 ({threads} threads; CPU "
+                  f"{'has' if 'avx512_bf16' in flags else 'lacks'} AVX512-BF16)",
+                  ["policy", "params", "fp32 steps/s", "bf16 autocast steps/s", "fp32 + torch.compile steps/s",
+                   "fp32 vs default DiT"])
+        base = None
+        for label, name, opts in TASK_SIZED:
+            policy = make_policy(name, opts, LOWDIM)
+            n = sum(p.numel() for p in policy.parameters())
+            r32 = train_rate(policy, LOWDIM, 128, "cpu", seconds)
+            r16 = train_rate(make_policy(name, opts, LOWDIM), LOWDIM, 128, "cpu", seconds, bf16=True)
+            rc = train_rate(make_policy(name, opts, LOWDIM), LOWDIM, 128, "cpu", seconds, compile=True)
+            base = base or r32
+            t.add_row(label.split(" K=")[0], f"{n / 1e6:.2f}M", f"{r32:.1f}", f"{r16:.1f}", f"{rc:.1f}",
+                      f"{r32 / base:.1f}x")
         console.print(t)
 
     if args.only in (None, "gpu"):

@@ -249,18 +249,31 @@ def test_a_tiny_rac_round_end_to_end(tmp_path):
     assert r.returncode == 2 and "already holds results" in r.stderr
 
 
-@pytest.mark.slow  # ~65 s; `make demo` runs the same story, and test_a_tiny_rac_round_end_to_end covers its parts
+@pytest.mark.slow  # ~80 s; `make demo` runs the same story, and test_a_tiny_rac_round_end_to_end covers its parts
 def test_the_demo_runs_the_whole_story_at_toy_size(tmp_path):
-    """make demo's command at toy sizes: every stage runs and leaves its files."""
+    """make demo's command at toy sizes: every stage runs and leaves its files; the table has the
+    three rows (pre-trained, the no-new-data control, after RaC) on the same seeds."""
     out = tmp_path / "demo"
     r = _cli("demo", "small.demos=2", "small.pretrain_steps=10", "small.episodes_per_round=2", "small.finetune_steps=5",
              "small.eval_episodes=2", "n_envs=2", "threads=1", f"out={out}")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "before and after RaC" in r.stdout and "recovery manoeuvres" in r.stdout
+    assert "pre-trained, control and after RaC" in r.stdout and "recovery manoeuvres" in r.stdout
+    assert "vs control" in r.stdout
     res = json.loads((out / "results.json").read_text())
     assert res["recording"]["episodes"] == 2 and res["rounds"][0]["collect"]["episodes"] == 2
+    seeds = {k: [e["seed"] for e in json.loads((out / f"eval-{k}" / "eval.json").read_text())["per_episode"]]
+             for k in ("pretrained", "control", "after-rac")}
+    assert seeds["pretrained"] == seeds["control"] == seeds["after-rac"]
+    assert set(res["verdict"]) >= {"vs_pretrained", "vs_control", "control_vs_pretrained_points", "line"}
     assert (out / "before_after.png").stat().st_size > 1000
-    assert list((out / "eval-after" / "videos").glob("*.mp4"))
+    for k in ("pretrained", "control", "after-rac"):
+        assert list((out / f"eval-{k}" / "videos").glob("*.mp4")), k
     assert EpisodeStore.open(out / "interventions").n_episodes == 2
+    # the control fine-tuned from the pre-trained checkpoint on the demos alone, RaC on both
+    from robo_rl.policies import read_checkpoint
+
+    assert read_checkpoint(out / "control" / "checkpoints" / "last.pt")["finetune"]["stores"] == [str(out / "demos")]
+    assert read_checkpoint(out / "rac-round1" / "checkpoints" / "last.pt")["finetune"]["stores"] == \
+        [str(out / "demos"), str(out / "interventions")]
     r = _cli("demo", "small.demos=0", f"out={out}")
     assert r.returncode == 2 and r.stderr.startswith("error:")

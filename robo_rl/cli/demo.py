@@ -6,10 +6,13 @@
 3. RaC: the policy drives, the simulated operator takes over when failure looks imminent
    (recovery, then correction, then the episode ends); every step is labelled;
 4. fine-tune from the pre-trained checkpoint on demos + recovery and correction data;
-5. evaluate again: a before/after table, a plot and a rollout video under `out`.
+5. the control: the same fine-tuning from the same checkpoint on the demos alone (no new data),
+   so that what RaC gains over it is the data's and not the extra training steps';
+6. evaluate both on the pre-trained policy's seeds: a three-row table (pre-trained, control,
+   after RaC) with 95% Wilson intervals, a plot and a rollout video of each under `out`.
 
-`full=true` swaps in paper-scale settings meant for a GPU. The numbers behind the README's RaC
-results come from `robo-rl rac` at full size; this is the story end to end in minutes.
+`full=true` swaps in paper-scale settings meant for a GPU. `robo-rl rac` runs the longer
+comparison (HG-DAgger, more expert demos, several rounds).
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ def record_demos(task: str, out: Path, episodes: int, seed: int) -> dict[str, An
     fps = env.robot.spec.control_hz
     kept = tries = 0
     with Recorder(out, schema, overwrite=True) as rec:
-        bar = tqdm(total=episodes, desc=f"1/5 teleop {task} (scripted expert)", unit="ep")
+        bar = tqdm(total=episodes, desc=f"1/6 teleop {task} (scripted expert)", unit="ep")
         while kept < episodes and tries < 2 * episodes:
             obs, _ = env.reset(seed=seed + tries)
             expert = env.expert()
@@ -88,7 +91,8 @@ def run(cfg: DictConfig) -> int:
     s = {**OmegaConf.to_container(cfg.small, resolve=True), **(FULL if cfg.full else {})}
     if cfg.task not in TASKS:
         raise ConfigError(f"demo: task={cfg.task!r} unknown; tasks are {sorted(TASKS)}")
-    if min(s["demos"], s["pretrain_steps"], s["rounds"], s["episodes_per_round"], s["eval_episodes"]) < 1:
+    if min(s["demos"], s["pretrain_steps"], s["finetune_steps"], s["rounds"], s["episodes_per_round"],
+           s["eval_episodes"]) < 1:
         raise ConfigError(f"demo: every size must be >= 1, got {s}")
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -98,6 +102,12 @@ def run(cfg: DictConfig) -> int:
     eval_cfg = OmegaConf.create({"eval": {"episodes": s["eval_episodes"], "n_envs": cfg.n_envs, "seed": 100_000,
                                           "max_recoveries": 5}})
     obs_keys = ["obs/qpos", "obs/env_state"]
+    policy_opts = OmegaConf.to_container(cfg.policy, resolve=True) or {}
+
+    def learner(steps: int, lr: float, warmup: int, **more: Any) -> LearnerConfig:
+        return LearnerConfig(steps=steps, batch_size=int(s["batch_size"]), lr=lr, warmup_steps=warmup,
+                             checkpoint_every=1000, seed=int(cfg.seed), device=cfg.device, threads=int(cfg.threads),
+                             **more)
 
     # 1. teleop demos through the Recorder
     t = time.perf_counter()
@@ -107,12 +117,11 @@ def run(cfg: DictConfig) -> int:
 
     # 2. pre-train a flow policy
     t = time.perf_counter()
-    lcfg = LearnerConfig(steps=int(s["pretrain_steps"]), batch_size=int(s["batch_size"]), lr=3e-4, warmup_steps=300,
-                         checkpoint_every=1000, seed=int(cfg.seed), device=cfg.device, threads=int(cfg.threads))
-    policy, sampler, n_demos = policy_for_store(demos, obs_keys, "flow", {}, None, resolve_device(lcfg.device))
+    lcfg = learner(int(s["pretrain_steps"]), float(s["lr"]), 300)
+    policy, sampler, n_demos = policy_for_store(demos, obs_keys, "flow", policy_opts, None, resolve_device(lcfg.device))
     chunking = {"n_action_steps": policy.config.n_action_steps}
     pre_dir = out / "pretrain"
-    print(f"2/5 pre-train a flow policy ({sum(p.numel() for p in policy.parameters()) / 1e6:.2f}M params) on "
+    print(f"2/6 pre-train a flow policy ({sum(p.numel() for p in policy.parameters()) / 1e6:.2f}M params) on "
           f"{n_demos} demos, {lcfg.steps} steps")
     Learner(policy, lcfg, pre_dir, lambda bs, g, w: sampler.sample(bs, g, w),
             extra=checkpoint_info(policy, cfg.task, demos, n_demos, obs_keys, chunking)).fit()
@@ -121,72 +130,110 @@ def run(cfg: DictConfig) -> int:
     t = time.perf_counter()
     print(f"   evaluate the pre-trained policy on {s['eval_episodes']} episodes")
     base = load_policy(ckpt)
-    before = evaluate(base, cfg.task, chunking, eval_cfg, out / "eval-before", videos=1)
-    timings["2 evaluate"] = time.perf_counter() - t
+    before = evaluate(base, cfg.task, chunking, eval_cfg, out / "eval-pretrained", videos=1)
+    timings["2 evaluate pre-trained"] = time.perf_counter() - t
 
-    # 3-4. RaC rounds with the simulated operator, each fine-tuning from the pre-trained checkpoint
+    # 3-4. RaC rounds with the simulated operator; each fine-tunes from the pre-trained checkpoint on
+    # the demos plus every intervention so far, and the next round's rollouts use that policy
+    ft = learner(int(s["finetune_steps"]), float(s["finetune_lr"]), 100, weighted_sampling=True, loss_weights=False)
+    composition = CompositionConfig(**(OmegaConf.to_container(cfg.composition, resolve=True) or {}))
     policy_now, total_samples, rounds = base, 0, []
     for r in range(1, int(s["rounds"]) + 1):
         t = time.perf_counter()
+        print(f"3/6 RaC round {r}: {s['episodes_per_round']} rollouts with the simulated operator watching")
         st = collect_interventions(predictor(policy_now), cfg.task, obs_keys, base.config.n_obs, base.config.horizon,
                                    ChunkingConfig(**chunking), out / "interventions", int(s["episodes_per_round"]),
                                    seed=200_000 + 100 * r, mode="rac", n_envs=int(cfg.n_envs))
         total_samples += st.operator_samples
         timings[f"3 RaC rollouts, round {r}"] = time.perf_counter() - t
         t = time.perf_counter()
-        ft = LearnerConfig(steps=int(s["finetune_steps"]), batch_size=int(s["batch_size"]), lr=1e-4, warmup_steps=100,
-                           weighted_sampling=True, loss_weights=False, checkpoint_every=1000, seed=int(cfg.seed),
-                           device=cfg.device, threads=int(cfg.threads))
-        print(f"4/5 fine-tune round {r}: demos + {st.steps['RECOVERY']} recovery and {st.steps['CORRECTION']} correction "
+        print(f"4/6 fine-tune round {r}: demos + {st.steps['RECOVERY']} recovery and {st.steps['CORRECTION']} correction "
               f"steps from {st.interventions} interventions, {ft.steps} steps")
-        policy_now, _ = finetune(ckpt, [(demos, None)], [out / "interventions"], CompositionConfig(mode="rac"), ft,
-                                 out / f"rac-round{r}")
+        policy_now, _ = finetune(ckpt, [(demos, None)], [out / "interventions"], composition, ft, out / f"rac-round{r}")
         timings[f"4 fine-tune, round {r}"] = time.perf_counter() - t
         rounds.append({"round": r, "collect": st.to_dict(), "operator_samples": total_samples})
 
-    # 5. evaluate again
+    # 5. the control: the same fine-tuning from the same checkpoint on the demos alone. What it
+    # gains over the pre-trained policy is the extra training; what RaC gains over it is the data's.
     t = time.perf_counter()
-    after = evaluate(policy_now, cfg.task, chunking, eval_cfg, out / "eval-after", videos=1)
-    timings["5 evaluate"] = time.perf_counter() - t
-    plot = write_before_after_plot(before, after, cfg.task, out / "before_after.png")
-    result = {"task": cfg.task, "sizes": s, "recording": rec, "before": before, "after": after, "rounds": rounds,
+    print(f"5/6 control: fine-tune on the demos alone, no new data, {ft.steps} steps")
+    control, _ = finetune(ckpt, [(demos, None)], [], composition, ft, out / "control")
+    timings["5 fine-tune, control"] = time.perf_counter() - t
+
+    # 6. evaluate both on the same seeds as the pre-trained policy
+    t = time.perf_counter()
+    print(f"6/6 evaluate after RaC and the control on the same {s['eval_episodes']} episodes")
+    after = evaluate(policy_now, cfg.task, chunking, eval_cfg, out / "eval-after-rac", videos=1)
+    timings["6 evaluate after RaC"] = time.perf_counter() - t
+    t = time.perf_counter()
+    ctrl = evaluate(control, cfg.task, chunking, eval_cfg, out / "eval-control", videos=1)
+    timings["6 evaluate control"] = time.perf_counter() - t
+    rows = {"pre-trained": before, "control (no new data)": ctrl, "after RaC": after}
+    plot = write_rows_plot(rows, cfg.task, out / "before_after.png")
+    verdict = gain_verdict(before, ctrl, after)
+    result = {"task": cfg.task, "sizes": s, "policy": policy_opts, "recording": rec, "before": before, "control": ctrl,
+              "after": after, "verdict": verdict, "rounds": rounds, "operator_samples": total_samples,
               "timings_s": timings, "wall_s": time.perf_counter() - t_start}
     (out / "results.json").write_text(json.dumps(result, indent=1))
-
-    def pct(d: dict, key: str) -> str:
-        return f"{d[key]:.0%}"
-
-    rows = [["success (95% Wilson)", f"{before['success_rate']:.0%} [{before['ci95_low']:.0%}, {before['ci95_high']:.0%}]",
-             f"{after['success_rate']:.0%} [{after['ci95_low']:.0%}, {after['ci95_high']:.0%}]"]]
-    rows += [[f"reached {k}", pct(before["stage_reach"], k), pct(after["stage_reach"], k)] for k in before["stage_reach"]]
-    rows += [["recovery manoeuvres / episode", f"{before['mean_recoveries']:.2f}", f"{after['mean_recoveries']:.2f}"],
-             ["mean episode length", f"{before['mean_length']:.0f}", f"{after['mean_length']:.0f}"]]
-    print_table(f"{cfg.task}: before and after RaC ({s['eval_episodes']} eval episodes each, "
-                f"{total_samples:,} operator samples)", ["", "pre-trained", "after RaC"], rows)
+    print_rows(rows, cfg.task, int(s["eval_episodes"]), total_samples)
+    print(verdict["line"])
     print_table("time", ["step", "seconds"], [[k, f"{v:.0f}"] for k, v in timings.items()] +
                 [["total", f"{time.perf_counter() - t_start:.0f}"]])
-    video = (after["videos"] or before["videos"] or [None])[0]
-    print(f"\nresults: {out / 'results.json'}   plot: {plot}   video: {video}")
+    videos = [v for d in rows.values() for v in d["videos"][:1]]
+    print(f"\nresults: {out / 'results.json'}   plot: {plot}   videos: {', '.join(videos) or 'none'}")
     return 0
 
 
-def write_before_after_plot(before: dict[str, Any], after: dict[str, Any], task: str, path: Path) -> Path:
+def gain_verdict(before: dict[str, Any], control: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """After RaC against the pre-trained policy and against the control, in points, and whether
+    the 95% Wilson intervals are apart (after's low end above the other's high end)."""
+    def vs(other: dict[str, Any]) -> dict[str, Any]:
+        return {"points": 100 * (after["success_rate"] - other["success_rate"]),
+                "intervals_apart": after["ci95_low"] > other["ci95_high"]}
+
+    v = {"vs_pretrained": vs(before), "vs_control": vs(control),
+         "control_vs_pretrained_points": 100 * (control["success_rate"] - before["success_rate"])}
+    v["line"] = (f"after RaC vs pre-trained: {v['vs_pretrained']['points']:+.0f} points "
+                 f"(intervals {'apart' if v['vs_pretrained']['intervals_apart'] else 'overlap'}); "
+                 f"vs control: {v['vs_control']['points']:+.0f} points "
+                 f"(intervals {'apart' if v['vs_control']['intervals_apart'] else 'overlap'}); "
+                 f"control vs pre-trained: {v['control_vs_pretrained_points']:+.0f} points")
+    return v
+
+
+def print_rows(rows: dict[str, dict[str, Any]], task: str, episodes: int, samples: int) -> None:
+    first = next(iter(rows.values()))
+    header = ["", *rows]
+    table = [["success (95% Wilson)", *(f"{d['success_rate']:.0%} [{d['ci95_low']:.0%}, {d['ci95_high']:.0%}]"
+                                         for d in rows.values())]]
+    table += [[f"reached {k}", *(f"{d['stage_reach'][k]:.0%}" for d in rows.values())] for k in first["stage_reach"]]
+    table += [["recovery manoeuvres / episode", *(f"{d['mean_recoveries']:.2f}" for d in rows.values())],
+              ["mean episode length", *(f"{d['mean_length']:.0f}" for d in rows.values())]]
+    print_table(f"{task}: pre-trained, control and after RaC ({episodes} eval episodes each, same seeds; "
+                f"{samples:,} operator samples)", header, table)
+
+
+def write_rows_plot(rows: dict[str, dict[str, Any]], task: str, path: Path) -> Path:
+    """Stage reach and success of each row as grouped bars, with the success intervals."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = list(before["stage_reach"]) + ["success"]
-    b = [before["stage_reach"][k] for k in names[:-1]] + [before["success_rate"]]
-    a = [after["stage_reach"][k] for k in names[:-1]] + [after["success_rate"]]
+    first = next(iter(rows.values()))
+    names = list(first["stage_reach"]) + ["success"]
     x = np.arange(len(names))
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.bar(x - 0.2, b, 0.4, label="pre-trained")
-    ax.bar(x + 0.2, a, 0.4, label="after RaC")
+    width = 0.8 / len(rows)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for i, (label, d) in enumerate(rows.items()):
+        values = [d["stage_reach"][k] for k in names[:-1]] + [d["success_rate"]]
+        err = [[0] * (len(names) - 1) + [d["success_rate"] - d["ci95_low"]],
+               [0] * (len(names) - 1) + [d["ci95_high"] - d["success_rate"]]]
+        ax.bar(x + (i - (len(rows) - 1) / 2) * width, values, width, yerr=err, capsize=3, label=label)
     ax.set_xticks(x, names, rotation=20, ha="right")
     ax.set_ylabel("share of eval episodes")
     ax.set_ylim(0, 1)
-    ax.set_title(f"{task}: stage reach and success, before and after RaC")
+    ax.set_title(f"{task}: stage reach and success (95% interval on success)")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
