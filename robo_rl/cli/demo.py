@@ -227,9 +227,10 @@ def write_rows_plot(rows: dict[str, dict[str, Any]], task: str, path: Path) -> P
     fig, ax = plt.subplots(figsize=(8, 4))
     for i, (label, d) in enumerate(rows.items()):
         values = [d["stage_reach"][k] for k in names[:-1]] + [d["success_rate"]]
-        err = [[0] * (len(names) - 1) + [d["success_rate"] - d["ci95_low"]],
-               [0] * (len(names) - 1) + [d["ci95_high"] - d["success_rate"]]]
-        ax.bar(x + (i - (len(rows) - 1) / 2) * width, values, width, yerr=err, capsize=3, label=label)
+        at = x + (i - (len(rows) - 1) / 2) * width
+        ax.bar(at, values, width, label=label)
+        ax.errorbar(at[-1], d["success_rate"], yerr=[[d["success_rate"] - d["ci95_low"]],
+                                                     [d["ci95_high"] - d["success_rate"]]], color="black", capsize=3)
     ax.set_xticks(x, names, rotation=20, ha="right")
     ax.set_ylabel("share of eval episodes")
     ax.set_ylim(0, 1)
