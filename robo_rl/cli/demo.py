@@ -76,15 +76,15 @@ def record_demos(task: str, out: Path, episodes: int, seed: int) -> dict[str, An
 
 
 def run(cfg: DictConfig) -> int:
-    from robo_rl.cli.eval import predictor
-    from robo_rl.cli.rac import evaluate
-    from robo_rl.cli.train import policy_for_store
     from robo_rl.learn import Learner, LearnerConfig
+    from robo_rl.learn.from_store import policy_for_store
     from robo_rl.learn.learner import resolve_device
     from robo_rl.policies import checkpoint_info, load_policy, read_checkpoint
+    from robo_rl.policies.common import predictor
     from robo_rl.rac.finetune import finetune
     from robo_rl.rac.mixing import CompositionConfig
     from robo_rl.runtime.chunking import ChunkingConfig
+    from robo_rl.sim.evaluate import evaluate_with_recoveries
     from robo_rl.sim.interventions import collect_interventions
     from robo_rl.sim.tasks import TASKS
 
@@ -99,10 +99,12 @@ def run(cfg: DictConfig) -> int:
     (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     t_start = time.perf_counter()
     timings: dict[str, float] = {}
-    eval_cfg = OmegaConf.create({"eval": {"episodes": s["eval_episodes"], "n_envs": cfg.n_envs, "seed": 100_000,
-                                          "max_recoveries": 5}})
     obs_keys = ["obs/qpos", "obs/env_state"]
     policy_opts = OmegaConf.to_container(cfg.policy, resolve=True) or {}
+
+    def evaluate(policy: Any, name: str) -> dict[str, Any]:  # every row on the same seeds, one video each
+        return evaluate_with_recoveries(policy, cfg.task, chunking, int(s["eval_episodes"]), int(cfg.n_envs), 100_000,
+                                        5, out / f"eval-{name}", videos=1)
 
     def learner(steps: int, lr: float, warmup: int, **more: Any) -> LearnerConfig:
         return LearnerConfig(steps=steps, batch_size=int(s["batch_size"]), lr=lr, warmup_steps=warmup,
@@ -130,7 +132,7 @@ def run(cfg: DictConfig) -> int:
     t = time.perf_counter()
     print(f"   evaluate the pre-trained policy on {s['eval_episodes']} episodes")
     base = load_policy(ckpt)
-    before = evaluate(base, cfg.task, chunking, eval_cfg, out / "eval-pretrained", videos=1)
+    before = evaluate(base, "pretrained")
     timings["2 evaluate pre-trained"] = time.perf_counter() - t
 
     # 3-4. RaC rounds with the simulated operator; each fine-tunes from the pre-trained checkpoint on
@@ -163,10 +165,10 @@ def run(cfg: DictConfig) -> int:
     # 6. evaluate both on the same seeds as the pre-trained policy
     t = time.perf_counter()
     print(f"6/6 evaluate after RaC and the control on the same {s['eval_episodes']} episodes")
-    after = evaluate(policy_now, cfg.task, chunking, eval_cfg, out / "eval-after-rac", videos=1)
+    after = evaluate(policy_now, "after-rac")
     timings["6 evaluate after RaC"] = time.perf_counter() - t
     t = time.perf_counter()
-    ctrl = evaluate(control, cfg.task, chunking, eval_cfg, out / "eval-control", videos=1)
+    ctrl = evaluate(control, "control")
     timings["6 evaluate control"] = time.perf_counter() - t
     rows = {"pre-trained": before, "control (no new data)": ctrl, "after RaC": after}
     plot = write_rows_plot(rows, cfg.task, out / "before_after.png")

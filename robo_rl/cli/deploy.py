@@ -94,7 +94,7 @@ def live_step(live: Any) -> Any:
 
 
 def run(cfg: DictConfig) -> int:
-    from robo_rl.cli.eval import predictor
+    from robo_rl.policies.common import predictor
     from robo_rl.cli.teleop import close_session, listen_estop
     from robo_rl.cli.view import check_live_view, open_live_view, print_live_summary
     from robo_rl.hardware.safety import EStop, SafetyConfig, SafetyFilter, Watchdog

@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from robo_rl.cli.app import run_app
 from robo_rl.cli.tables import print_table
-from robo_rl.cli.train import print_training_plots
+from robo_rl.learn.plots import print_training_plots
 from robo_rl.errors import ConfigError
 
 AGENT_NAMES = ("floq", "fql", "sharsa")

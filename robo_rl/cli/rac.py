@@ -31,20 +31,10 @@ def main(argv: list[str]) -> int:
 
 
 def evaluate(policy: Any, task: str, chunking: dict, cfg: DictConfig, out: Path | None, videos: int = 0) -> dict[str, Any]:
-    """Success with its interval, stage reach and the test-time-scaling curve of one policy."""
-    from robo_rl.cli.eval import run_eval, write_eval
+    from robo_rl.sim.evaluate import evaluate_with_recoveries
 
-    summary = run_eval(policy, task, chunking, int(cfg.eval.episodes), int(cfg.eval.n_envs), int(cfg.eval.seed), videos,
-                       out, count_recoveries=True)
-    d = summary.to_dict()
-    if out is not None:
-        write_eval(summary, out)
-    recoveries = [e.recoveries for e in summary.episodes]
-    return {"success_rate": d["success_rate"], "ci95_low": d["ci95_low"], "ci95_high": d["ci95_high"],
-            "stage_reach": d["stage_reach"], "mean_length": d["mean_length"],
-            "mean_recoveries": sum(recoveries) / max(1, len(recoveries)),
-            "success_within": [summary.success_within(k) for k in range(int(cfg.eval.max_recoveries) + 1)],
-            "videos": d["videos"]}
+    return evaluate_with_recoveries(policy, task, chunking, int(cfg.eval.episodes), int(cfg.eval.n_envs), int(cfg.eval.seed),
+                                    int(cfg.eval.max_recoveries), out, videos)
 
 
 def run(cfg: DictConfig) -> int:
@@ -90,7 +80,7 @@ def run(cfg: DictConfig) -> int:
 
 def run_rounds(cfg: DictConfig, ckpt: dict[str, Any], task: str, demos: str, n_demos: int | None, out: Path,
                methods: list[str], human_session: "HumanSession | None") -> int:
-    from robo_rl.cli.eval import predictor
+    from robo_rl.policies.common import predictor
     from robo_rl.learn import LearnerConfig
     from robo_rl.policies import load_policy
     from robo_rl.rac.finetune import finetune

@@ -30,3 +30,18 @@ def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]]
     for r in rows:
         table.add_row(*(str(c) for c in r))
     Console(width=120).print(table)
+
+
+def print_summary(summary: Any, title: str) -> None:
+    """An evaluation summary (robo_rl.sim.rollout.EvalSummary) as a two-column table."""
+    from pathlib import Path
+
+    d = summary.to_dict()
+    rows = [["success", f"{d['success_rate']:.1%} ({d['successes']}/{d['episodes']})"],
+            ["95% Wilson interval", f"[{d['ci95_low']:.1%}, {d['ci95_high']:.1%}]"],
+            ["mean episode length", f"{d['mean_length']:.0f} steps"]]
+    rows += [[f"reached {name}", f"{share:.0%}"] for name, share in d["stage_reach"].items()]
+    rows += [["wall time", f"{d['wall_s']:.0f} s"]]
+    if d["videos"]:
+        rows += [["videos", str(Path(d["videos"][0]).parent)]]
+    print_table(title, ["", ""], rows)

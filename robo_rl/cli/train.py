@@ -22,31 +22,13 @@ def default_run_dir(cfg: DictConfig) -> Path:
     return Path("data/runs") / f"{cfg.task}-{cfg.policy.name}-{stamp or time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def policy_for_store(dataset: str | Path, obs_keys: list[str], name: str, options: dict, n_episodes: int | None,
-                     device: str | None, segment_weights: dict | None = None):
-    """A fresh policy sized and normalised for the first `n_episodes` episodes of a store (all if
-    None), and the window sampler over them. Returns (policy, sampler, number of episodes)."""
-    from robo_rl.data.sampler import WindowSampler
-    from robo_rl.data.stats import get_stats
-    from robo_rl.data.store import EpisodeStore
-    from robo_rl.policies import ObsShapes, make_policy
-
-    store = EpisodeStore.open(dataset, mode="r")
-    n = store.n_episodes if n_episodes is None else int(n_episodes)
-    if not 1 <= n <= store.n_episodes:
-        raise ConfigError(f"train: n_episodes={n_episodes} but {dataset} holds {store.n_episodes} episodes")
-    shapes = ObsShapes.from_schema(store.schema, obs_keys)
-    stats = get_stats(store, [*shapes.lowdim, shapes.action_key], save=False)
-    policy = make_policy(name, options, shapes, stats)
-    sampler = WindowSampler(store, obs_keys, n_obs=policy.config.n_obs, horizon=policy.config.horizon,
-                            episodes=range(n), device=device, segment_weights=segment_weights)
-    return policy, sampler, n
-
-
 def run(cfg: DictConfig) -> int:
     import torch
 
-    from robo_rl.cli.eval import print_summary, run_eval, write_eval
+    from robo_rl.cli.tables import print_summary
+    from robo_rl.learn.from_store import policy_for_store
+    from robo_rl.learn.plots import print_training_plots
+    from robo_rl.sim.evaluate import run_eval, write_eval
     from robo_rl.learn import Learner, LearnerConfig
     from robo_rl.learn.learner import resolve_device
     from robo_rl.policies import checkpoint_info
@@ -100,16 +82,3 @@ def run(cfg: DictConfig) -> int:
               f"checkpoint {last}")
         print_training_plots(run_dir)
     return 0
-
-
-def print_training_plots(run_dir: Path) -> None:
-    """Draw the run's loss and success curves into run_dir/plots/ and say which files."""
-    from robo_rl.learn.plots import training_plots
-
-    try:
-        written = training_plots(run_dir)
-    except Exception as e:  # noqa: BLE001 - the run is saved; a drawing failure must not turn it into an error
-        print(f"plots: not drawn ({type(e).__name__}: {e})")
-        return
-    if written:
-        print("plots: " + ", ".join(str(p) for p in written))

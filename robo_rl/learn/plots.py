@@ -158,3 +158,13 @@ def _success_plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
                  f"(step {best['step']})", fontsize="medium")
     return save_figure(fig, path)
 
+
+def print_training_plots(run_dir: Path) -> None:
+    """Draw the run's loss and success curves into run_dir/plots/ and say which files."""
+    try:
+        written = training_plots(run_dir)
+    except Exception as e:  # noqa: BLE001 - the run is saved; a drawing failure must not turn it into an error
+        print(f"plots: not drawn ({type(e).__name__}: {e})")
+        return
+    if written:
+        print("plots: " + ", ".join(str(p) for p in written))

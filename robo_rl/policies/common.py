@@ -271,3 +271,16 @@ class FrozenPredictor:
         noise = torch.randn(b, self.policy.config.horizon, self.policy.shapes.action_dim, device=body.device)
         with torch.no_grad():
             return self._graph([*inputs, noise])(*inputs, noise).float().cpu().numpy()
+
+
+def predictor(policy: Any, inference_steps: int | None = None, frozen: bool = True):
+    """numpy windows -> numpy chunks, without autograd. On a CPU the sampler is traced and frozen
+    into one graph (FrozenPredictor): same chunks, several times less per-call overhead."""
+    if frozen and policy.body.device.type == "cpu":
+        return FrozenPredictor(policy, inference_steps)
+
+    def predict(batch: Mapping[str, Any]):
+        with torch.inference_mode():
+            return policy.predict(batch, steps=inference_steps)
+
+    return predict
