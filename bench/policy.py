@@ -50,8 +50,13 @@ CONFIGS = [  # label, policy, options
     # task-sized backbones for low-dim tasks (issue 20: pre-training to convergence on a CPU)
     ("flow DiT 64 wide, 2 blocks", "flow", {"dit_dim": 64, "dit_depth": 2}),
     ("flow DiT 128 wide, 4 blocks, 2 actions per token", "flow", {"dit_patch": 2}),
+    # long chunks (PackCube's recipe): 64 actions (1.3 s) as 16 or 8 tokens
+    ("flow DiT, 64-step chunks, 4 actions per token", "flow", {"horizon": 64, "dit_patch": 4, "n_action_steps": 32}),
+    ("flow DiT, 64-step chunks, 8 actions per token", "flow", {"horizon": 64, "dit_patch": 8, "n_action_steps": 32}),
+    ("flow DiT 96 wide, 3 blocks, 64-step chunks, 4 per token", "flow",
+     {"horizon": 64, "dit_patch": 4, "n_action_steps": 32, "dit_dim": 96, "dit_depth": 3, "dit_heads": 4}),
 ]
-TASK_SIZED = [CONFIGS[0], *CONFIGS[-2:]]
+TASK_SIZED = [CONFIGS[0], *CONFIGS[-5:]]
 
 
 def obs_window(shapes: ObsShapes, batch: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -60,9 +65,9 @@ def obs_window(shapes: ObsShapes, batch: int, rng: np.random.Generator) -> dict[
     return out
 
 
-def train_batch(shapes: ObsShapes, batch: int, device: str, rng: np.random.Generator) -> dict[str, torch.Tensor]:
+def train_batch(shapes: ObsShapes, batch: int, device: str, rng: np.random.Generator, horizon: int = 16) -> dict[str, torch.Tensor]:
     b = {k: torch.as_tensor(v, device=device) for k, v in obs_window(shapes, batch, rng).items()}
-    b["action"] = torch.randn(batch, 16, 14, device=device)
+    b["action"] = torch.randn(batch, horizon, 14, device=device)
     return b
 
 
@@ -97,7 +102,7 @@ def train_rate(policy, shapes: ObsShapes, batch: int, device: str, seconds: floa
                compile: bool = False) -> float:
     policy.train().to(device)
     opt = torch.optim.AdamW(policy.parameters(), lr=1e-4)
-    data = train_batch(shapes, batch, device, np.random.default_rng(0))
+    data = train_batch(shapes, batch, device, np.random.default_rng(0), policy.config.horizon)
     fwd = torch.compile(policy) if compile else policy
 
     def step():

@@ -19,6 +19,7 @@ def naive_window(store, ep, t, obs_keys, n_obs, horizon):
     out["action"] = np.stack([data["action"][min(j, T - 1)] for j in range(t, t + horizon)])
     out["obs_is_pad"] = np.array([j < 0 for j in range(t - n_obs + 1, t + 1)])
     out["action_is_pad"] = np.array([j >= T for j in range(t, t + horizon)])
+    out["action_is_cut"] = out["action_is_pad"] & (store.meta(ep).success is False)
     return out
 
 
@@ -36,6 +37,43 @@ def test_every_window_matches_the_reference(filled_store):
                 assert np.array_equal(batch[k][i], v), (ep, t, k)
             assert batch["episode"][i] == ep
             i += 1
+
+
+def test_padding_past_a_cut_episode_is_flagged_and_not_learned(tmp_path, schema):
+    """An episode that ended without success (a RaC intervention stopped after its correction)
+    has no known future: its padded actions are flagged, and the loss gives them no weight,
+    while padding past a finished episode ("hold still once done") still trains."""
+    from dataclasses import replace
+
+    from episodes import make_episode
+
+    from robo_rl.data.store import EpisodeStore
+
+    store = EpisodeStore.create(tmp_path / "s", schema)
+    for e, success in enumerate([True, False, None]):
+        data, ts, seg, meta = make_episode(e, schema)
+        store.add_episode(data, ts, seg, replace(meta, success=success))
+    s = WindowSampler(store, ["obs/qpos"], n_obs=1, horizon=8)
+    b = s.get(np.arange(len(s)))
+    for ep in range(3):
+        rows = b["episode"] == ep
+        assert b["action_is_pad"][rows].any()
+        assert b["action_is_cut"][rows].any() == (ep == 1)
+        assert not (b["action_is_cut"] & ~b["action_is_pad"]).any()
+
+    from robo_rl.policies.common import ChunkBody
+
+    class Cfg:
+        mask_padded_actions = False
+    err = torch.ones(4, 8, 2)
+    err[:, 4:] = 10.0  # large errors on the last four steps
+    pad = torch.zeros(4, 8, dtype=torch.bool)
+    pad[:, 4:] = True
+    body = type("B", (), {"cfg": Cfg()})()
+    held = ChunkBody.per_sample_loss(body, err, {"action_is_pad": pad, "action_is_cut": torch.zeros_like(pad)})
+    cut = ChunkBody.per_sample_loss(body, err, {"action_is_pad": pad, "action_is_cut": pad})
+    assert torch.allclose(held, torch.full((4,), 50.5)) and torch.allclose(cut, torch.ones(4))
+    store.close()
 
 
 def test_segment_weights_and_weighted_sampling(filled_store):

@@ -3,6 +3,11 @@
     obs      o[t-To+1 .. t]     repeated first frame of the episode where t-To+1 < start (obs_is_pad)
     action   a[t .. t+H-1]      repeated last action of the episode where t+H-1 >= end (action_is_pad)
 
+An episode that ended in success is done: holding its last action is what comes next. One that
+was cut short (a RaC intervention ended after its correction, a failure, a time limit) has an
+unknown future, so its padded actions are flagged `action_is_cut` and the policies' losses skip
+them; learning "hold still" there would teach the policy to stall where the cut happened.
+
 Every step of every selected episode is one window. The selected episodes are read into memory
 once (camera frames decoded), so drawing a batch is a handful of vectorised gathers rather than
 per-sample slicing; low-dimensional data can live on the GPU with indices drawn there too.
@@ -98,12 +103,16 @@ class WindowSampler:
         self.start = starts[episode_of_step]
         self.end = ends[episode_of_step]
         self.episode_id = np.asarray(self.episodes, dtype=np.int64)[episode_of_step]
+        # success=None (no label, e.g. an imported dataset) counts as finished, as before labels existed
+        finished = np.array([store.meta(i).success is not False for i in self.episodes], dtype=bool)
+        self.cut = ~finished[episode_of_step]
         self.weights = segment_weight_table(segment_weights)[self.data[SEGMENT_KEY]]
         self.device = device
         # The arrays `get` gathers from: numpy here, or torch tensors on `device`.
         self._xp = np
         self._cols = {
             "t": self.t, "start": self.start, "end": self.end, "episode": self.episode_id, "weight": self.weights,
+            "cut": self.cut,
             "obs_offsets": np.arange(-n_obs + 1, 1, dtype=np.int64), "act_offsets": np.arange(horizon, dtype=np.int64),
         }
         self._data = self.data
@@ -145,6 +154,7 @@ class WindowSampler:
         batch[self.spec.action_key] = data[self.spec.action_key][xp.minimum(act_raw, end - 1)]
         batch["obs_is_pad"] = obs_raw < start
         batch["action_is_pad"] = act_raw >= end
+        batch["action_is_cut"] = batch["action_is_pad"] & c["cut"][idx][:, None]
         batch["weight"] = c["weight"][idx]
         batch["segment"] = data[SEGMENT_KEY][idx]
         batch["episode"] = c["episode"][idx]

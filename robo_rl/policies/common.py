@@ -212,12 +212,17 @@ class ChunkBody(nn.Module):
         return self.action_norm.unnormalize(chunk).float().cpu().numpy()
 
     def per_sample_loss(self, err: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """Mean squared error per sample (B), optionally ignoring padded actions past an episode end."""
+        """Mean squared error per sample (B). Padded actions past the end of an episode that was cut
+        short never count (its future is unknown); past a finished episode's end they count unless
+        `mask_padded_actions`."""
         sq = err.pow(2).mean(-1)  # B H
+        skip = batch.get("action_is_cut")
         if self.cfg.mask_padded_actions and "action_is_pad" in batch:
-            keep = (~batch["action_is_pad"].bool()).float()
-            return (sq * keep).sum(-1) / keep.sum(-1).clamp_min(1.0)
-        return sq.mean(-1)
+            skip = batch["action_is_pad"]
+        if skip is None:
+            return sq.mean(-1)
+        keep = (~skip.bool()).float()
+        return (sq * keep).sum(-1) / keep.sum(-1).clamp_min(1.0)
 
 
 def weighted_mean(per_sample: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:

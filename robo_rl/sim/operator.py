@@ -23,6 +23,9 @@ Then it follows the RaC rules:
    back out, one release away from done. There the operator corrects at once
    (`recover_on_stall=True` recovers anyway).
 2. CORRECTION: complete the current sub-task with the expert, planned from where things are.
+   After a regression that is the sub-task under way when things came undone: a lid dropped on
+   the rim while being placed is corrected until it is seated, not only until it is lifted
+   again (stopping there taught the policy to lift a lid it should lower).
 3. END: when the sub-task is done (its stage advanced and held for `done_hold_s`; a contact that
    flickers as an object settles is not done), the episode ends.
 
@@ -104,7 +107,8 @@ class SimOperator:
         self._plan: ScriptedExpert | None = None
         self._plan_phase: Phase | None = None
         self._phase_start = 0
-        self._stage_at_takeover = 0
+        self._stage_at_takeover = 0  # the correction is done once the stage is above this
+        self._regressed = False
         self._recover_now = self.cfg.recover
         self._done_since: int | None = None
         self._seen = Phase.AUTONOMOUS
@@ -126,7 +130,11 @@ class SimOperator:
         if phase == Phase.AUTONOMOUS:
             reason = self._failure(stage, policy_action)
             if reason is not None:
-                self._stage_at_takeover = self._working_stage(stage)
+                # the sub-task to complete: after a regression, the one that was under way when
+                # things came undone (a lid dropped on the rim while placing is corrected until it
+                # is seated, not only until it is lifted again); otherwise the current one
+                self._regressed = reason.startswith("stage regressed")
+                self._stage_at_takeover = self._max_stage if self._regressed else self._working_stage(stage)
                 self._recover_now = self.cfg.recover and (self.cfg.recover_on_stall or not reason.startswith("no progress"))
                 return OperatorEvent(TAKE_OVER, reason)
             return None
@@ -134,7 +142,8 @@ class SimOperator:
             if not self._recover_now:
                 return OperatorEvent(RECOVERY_DONE, "no recovery" if not self.cfg.recover else "already in a familiar state")
             if self._plan_phase == Phase.RECOVERY and self._plan.done:
-                self._stage_at_takeover = min(self._stage_at_takeover, stage)
+                if not self._regressed:  # recovery may have let go of something: correct from there
+                    self._stage_at_takeover = min(self._stage_at_takeover, stage)
                 return OperatorEvent(RECOVERY_DONE)
             return None
         if phase == Phase.CORRECTION and self._plan_phase == Phase.CORRECTION:

@@ -393,7 +393,9 @@ class PackCube:
 
     def cube_in_box(self, robot: SimRobot) -> bool:
         local = self._in_box_frame(robot, body_pos(robot, "cube"))
-        return bool(abs(local[0]) < 0.044 and abs(local[1]) < 0.044 and local[2] < 0.01 and not touching_any_finger(robot, "cube", "right"))
+        # let go of: not held between both fingers. One finger still brushing a cube that lies in
+        # the box does not take it out (it did, and the operator took that for a lost sub-task)
+        return bool(abs(local[0]) < 0.044 and abs(local[1]) < 0.044 and local[2] < 0.01 and not grasped(robot, "cube", "right"))
 
     def lid_seated(self, robot: SimRobot) -> bool:
         local = self._in_box_frame(robot, body_pos(robot, "lid"))
