@@ -20,7 +20,7 @@ from conftest import robo_rl_cli  # noqa: E402
 from episodes import make_episode, small_schema  # noqa: E402
 from pty_session import PtySession  # noqa: E402
 
-from robo_rl.cli.teleop import close_session  # noqa: E402
+from robo_rl.cli.session import close_session  # noqa: E402
 from robo_rl.data.schema import Segment  # noqa: E402
 from robo_rl.data.store import EpisodeStore  # noqa: E402
 from robo_rl.data.viewer import LiveView, RerunLogger  # noqa: E402

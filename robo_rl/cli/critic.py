@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -25,19 +25,6 @@ ACTION_KEY = "action"
 
 def main(argv: list[str]) -> int:
     return run_app("critic", "critic", run, argv)
-
-
-def value_guided(predict: Any, path: str | Path, samples: int, policy: Any, task: str | None,
-                 chunking: Mapping[str, Any] | None) -> Any:
-    """`predict` wrapped with best-of-`samples` selection by the critic at `path`, after checking
-    the critic fits the policy (obs keys, executed chunk length, task)."""
-    from robo_rl.rl.chunk_critic import ChunkCritic, ValueGuided
-
-    critic = ChunkCritic.load(path, device=str(policy.body.device))
-    keys = [*policy.shapes.lowdim, *policy.shapes.images]
-    n_exec = int((chunking or {}).get("n_action_steps") or policy.config.n_action_steps)
-    critic.check_matches(keys, n_exec, task)
-    return ValueGuided(predict, critic, samples)
 
 
 def as_list(value: Any) -> list[str]:

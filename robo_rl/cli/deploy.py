@@ -8,6 +8,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from robo_rl.cli.app import run_app
+from robo_rl.cli.session import controller_config, policy_inputs_on_robot
 from robo_rl.cli.tables import print_table
 from robo_rl.errors import ConfigError
 
@@ -19,7 +20,7 @@ def main(argv: list[str]) -> int:
 def make_robot(cfg: DictConfig, policy: Any, task: str | None) -> tuple[Any, str]:
     """(the robot, the hardware description its safety limits come from), with the cameras the
     policy sees at its image size."""
-    from robo_rl.cli.teleop import open_robot
+    from robo_rl.cli.session import open_robot
 
     shapes = policy.shapes
     if cfg.robot != "sim":
@@ -28,36 +29,6 @@ def make_robot(cfg: DictConfig, policy: Any, task: str | None) -> tuple[Any, str
     size = tuple(next(iter(shapes.images.values()), (240, 320)))
     opened = open_robot(cfg, cams, size, task=task)
     return opened.robot, opened.hardware
-
-
-def controller_config(policy: Any, chunking: dict, hz: float) -> Any:
-    """The Controller's settings for a checkpoint's policy: its window and its chunk schedule."""
-    from robo_rl.runtime.controller import ControllerConfig
-
-    return ControllerConfig(hz=hz, n_obs=policy.config.n_obs,
-                            n_action_steps=int(chunking.get("n_action_steps", policy.config.n_action_steps)),
-                            blend_steps=int(chunking.get("blend_steps", 4)))
-
-
-def policy_inputs_on_robot(verb: str, robot: str, shapes: Any) -> tuple[Any, dict[str, tuple[int, int]]]:
-    """(the robot's Ros2Config, camera -> the policy's image size) if the ROS 2 robot gives every
-    observation the policy needs; a one-line error naming what is missing otherwise."""
-    from robo_rl.hardware.robot import RobotSpec
-    from robo_rl.hardware.ros2.robot import Ros2Config
-
-    unsupported = [k for k in shapes.lowdim if k != "obs/qpos"]
-    if unsupported:
-        raise ConfigError(f"{verb}: the policy needs {unsupported}, which robot={robot} does not provide over ROS 2 "
-                          "(obs/env_state exists only in the twin); train on obs_keys=[obs/qpos] for real arms")
-    # camera keys obs/images/<cam>: read from the robot's ros2.cameras, resized to what the policy saw in training
-    sizes = {k.rsplit("/", 1)[-1]: tuple(v) for k, v in shapes.images.items()}
-    ros = Ros2Config.from_yaml(robot, RobotSpec.from_yaml(robot))
-    missing = sorted(set(sizes) - {c.name for c in ros.cameras})
-    if missing:
-        raise ConfigError(f"{verb}: the policy needs camera(s) {missing}, which robot={robot} has no ros2.cameras "
-                          f"topic for (it has {sorted(c.name for c in ros.cameras) or 'none'}); add them to "
-                          f"hardware/{robot}.yaml or train without those image keys")
-    return ros, sizes
 
 
 def watch_estop_key(estop: Any) -> Any:
@@ -95,8 +66,8 @@ def live_step(live: Any) -> Any:
 
 def run(cfg: DictConfig) -> int:
     from robo_rl.policies.common import predictor
-    from robo_rl.cli.teleop import close_session, listen_estop
-    from robo_rl.cli.view import check_live_view, open_live_view, print_live_summary
+    from robo_rl.cli.session import close_session, listen_estop
+    from robo_rl.cli.session import check_live_view, open_live_view, print_live_summary
     from robo_rl.hardware.safety import EStop, SafetyConfig, SafetyFilter, Watchdog
     from robo_rl.policies import load_policy, read_checkpoint
     from robo_rl.runtime.controller import Controller, observation_window
@@ -108,7 +79,7 @@ def run(cfg: DictConfig) -> int:
     policy = load_policy(ckpt)
     predict = predictor(policy, cfg.inference_steps)
     if cfg.critic:  # issue 7: value-guided chunk selection (best of critic_samples), checked before the robot opens
-        from robo_rl.cli.critic import value_guided
+        from robo_rl.cli.session import value_guided
 
         predict = value_guided(predict, cfg.critic, int(cfg.critic_samples), policy, cfg.task or ckpt.get("task"),
                                ckpt.get("chunking") or {})

@@ -40,7 +40,7 @@ def run(cfg: DictConfig) -> int:
     # --- issue 7: value-guided chunk selection (critic=PATH) and rollout recording (record=PATH) ---
     predict, guided = predictor(policy, cfg.inference_steps), None
     if cfg.critic:
-        from robo_rl.cli.critic import value_guided
+        from robo_rl.cli.session import value_guided
 
         predict = guided = value_guided(predict, cfg.critic, int(cfg.critic_samples), policy, task, chunking)
     summary = run_eval(policy, task, chunking, int(cfg.episodes), int(cfg.n_envs), int(cfg.seed), int(cfg.videos), out,

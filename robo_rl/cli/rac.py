@@ -172,7 +172,7 @@ class HumanSession:
     def __init__(self, cfg: DictConfig):
         from robo_rl.hardware.teleop import make_teleop
 
-        from robo_rl.cli.view import check_live_view, open_live_view
+        from robo_rl.cli.session import check_live_view, open_live_view
 
         check_live_view(cfg)  # view=true: the Rerun viewer, before the device opens
         self.view = None
@@ -222,8 +222,8 @@ class HumanSession:
             self.view = None
 
     def close(self) -> None:
-        from robo_rl.cli.teleop import close_session
-        from robo_rl.cli.view import print_live_summary
+        from robo_rl.cli.session import close_session
+        from robo_rl.cli.session import print_live_summary
 
         view, self.view = self.view, None
         try:

@@ -18,11 +18,10 @@ import numpy as np
 from omegaconf import DictConfig
 
 from robo_rl.cli.app import run_app
-from robo_rl.cli.deploy import policy_inputs_on_robot
+from robo_rl.cli.session import (SessionKeys, TwinViewer, check_device, check_live_view, close_session, listen_estop,
+                                 open_device, open_live_view, open_robot, policy_inputs_on_robot, print_live_summary,
+                                 safety_for)
 from robo_rl.cli.tables import print_table
-from robo_rl.cli.teleop import (SessionKeys, TwinViewer, check_device, close_session, listen_estop, open_device,
-                                open_robot, safety_for)
-from robo_rl.cli.view import check_live_view, open_live_view, print_live_summary
 from robo_rl.errors import ConfigError
 
 EPISODE_KEYS = "nyfx"
@@ -128,7 +127,7 @@ def run(cfg: DictConfig) -> int:
     hz = opened.robot.spec.control_hz
     ctl_cfg = ControllerConfig(hz=hz)
     if policy is not None:
-        from robo_rl.cli.deploy import controller_config
+        from robo_rl.cli.session import controller_config
 
         ctl_cfg = controller_config(policy.policy, policy.chunking, hz)
     try:

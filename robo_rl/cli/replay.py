@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from robo_rl.cli.app import run_store_app
+from robo_rl.cli.session import episode_index, open_store
 from robo_rl.cli.tables import print_table
 from robo_rl.data.store import EpisodeStore
 from robo_rl.errors import ConfigError
@@ -22,25 +23,6 @@ log = logging.getLogger(__name__)
 
 def main(argv: list[str]) -> int:
     return run_store_app("replay", run, argv)
-
-
-# ---------------------------------------------------------------------- input checks shared with robo-rl video
-def open_store(path: Any) -> EpisodeStore:
-    if path is None or str(path).strip() == "":
-        raise ConfigError("give the store to read: dataset=PATH (e.g. dataset=data/demos/transfer_cube)")
-    store = EpisodeStore.open(str(path))
-    if store.n_episodes == 0:
-        store.close()
-        raise ConfigError(f"{store.location}: holds no committed episodes")
-    return store
-
-
-def episode_index(store: EpisodeStore, value: Any) -> int:
-    """A single episode index (negative counts from the end); out of range is a StoreError."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"episode={value!r}: give an episode index (0..{store.n_episodes - 1})")
-    store.meta(value)  # raises "episode i out of range (n committed episodes)"
-    return value % store.n_episodes
 
 
 # ---------------------------------------------------------------------- the verb
@@ -154,7 +136,7 @@ def replay_on_robot(cfg: DictConfig, store: EpisodeStore) -> int:
     """Play one episode's executed actions on a ROS 2 robot at the store's rate: first a slow
     approach from where the arms are to the first recorded command, then the recording. Reports
     per joint how far the robot now is from where it was then (obs/qpos), and the timing table."""
-    from robo_rl.cli.teleop import SessionKeys, close_session, listen_estop, open_robot, safety_for, timing_rows
+    from robo_rl.cli.session import SessionKeys, close_session, listen_estop, open_robot, safety_for, timing_rows
     from robo_rl.runtime.controller import Controller, ControllerConfig
     from robo_rl.runtime.sources import RecordedActions
 

@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from robo_rl.cli.app import run_store_app
-from robo_rl.cli.replay import episode_index, open_store
+from robo_rl.cli.session import episode_index, open_store
 from robo_rl.cli.tables import human_bytes, print_table
 from robo_rl.data.schema import IMAGE_PREFIX, SEGMENT_KEY, TIMESTAMP_KEY, Segment
 from robo_rl.data.store import EpisodeStore
