@@ -142,3 +142,17 @@ def test_cli_prints_one_line_no_traceback(tmp_path, filled_store):
 
 def test_roboerror_is_the_base_of_every_user_error():
     assert issubclass(SchemaError, RoboRLError) and issubclass(StoreError, RoboRLError)
+
+
+def test_a_camera_command_runs_from_a_plain_shell_with_no_display_and_no_mujoco_gl(tmp_path):
+    """The first command a user types after install: no MUJOCO_GL, no display. It renders
+    offscreen instead of ending in an OpenGL traceback."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "DISPLAY", "WAYLAND_DISPLAY", "PYOPENGL_PLATFORM")}
+    env["TQDM_DISABLE"] = "1"
+    r = subprocess.run([sys.executable, "-m", "robo_rl.cli.main", "collect", "task=transfer_cube", "episodes=1",
+                        "cameras=[top]", f"out={tmp_path / 'demos'}"], capture_output=True, text=True, timeout=300,
+                       env=env, cwd=Path(__file__).parent.parent, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert EpisodeStore.open(tmp_path / "demos").schema.keys["obs/images/top"].shape[-1] == 3

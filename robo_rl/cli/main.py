@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 from robo_rl import __version__
@@ -55,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     if verb not in VERBS:
         print(f"error: unknown verb '{verb}'; verbs are: {', '.join(VERBS)} (robo-rl --help)", file=sys.stderr)
         return 2
+    if "MUJOCO_GL" not in os.environ and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+        # a plain shell with no display: render offscreen (EGL) rather than fail on the first frame
+        os.environ["MUJOCO_GL"] = "egl"
     module = importlib.import_module(VERBS[verb][0])
     return int(module.main(rest) or 0)
 
