@@ -118,6 +118,18 @@ def test_pre_takeover_mask_stays_inside_the_episode():
     assert mask.tolist() == [False, False, True, True, False, False, False, False, True, False]
 
 
+def test_unfinished_corrections_weigh_nothing():
+    # two RaC episodes: the first correction finished its sub-task, the second ran out of time
+    inter = np.array([P] * 6 + [R] * 2 + [C] * 2 + [P] * 5 + [R] * 2 + [C] * 3)
+    records = [[{"step": 6, "ended": "sub-task done"}], [{"step": 5, "ended": "episode_end"}]]
+    src = {"segments": inter, "episode_starts": [0, 10], "interventions": records}
+    demo = {"segments": np.full(20, T), "episode_starts": [0], "demo": True}
+    _, w = composition_weights([demo, src], CompositionConfig(mode="rac"))
+    assert w[6:10].min() > 0 and w[15:20].max() == 0 and w[10:15].max() == 0
+    _, w_all = composition_weights([demo, src], CompositionConfig(mode="rac", finished_only=False))
+    assert w_all[15:20].min() > 0  # the option off: every operator step trains
+
+
 @pytest.mark.parametrize("mode", ["rac", "corrections", "hg_dagger", "sirius", "all"])
 def test_composition_weights_masks_and_shares(mode):
     demo = np.full(300, T)

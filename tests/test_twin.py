@@ -193,6 +193,41 @@ def test_pack_cube_rim_centres_a_lid_released_near_the_box_and_not_a_far_one():
         assert up[2] < np.cos(np.radians(3)), "a lid off the walls rests tilted on the rim"
 
 
+@pytest.mark.parametrize("offset", [(0.02, 0.0), (0.0, 0.021), (-0.02, 0.0)])
+def test_pack_cube_expert_regrasps_a_lid_resting_on_the_rim(offset):
+    """An operator's correction plans the expert from where things are: a lid dropped 2 cm short
+    rests on the rim, higher than on the table, and is grasped there, lifted and seated. Grasping
+    at the table's height pressed it into the rim; across the hinge side (0, 2.1 cm) that knocked
+    the cube out and the lid was never seated."""
+    import mujoco
+
+    from robo_rl.sim.tasks import set_free_body
+
+    env = BimanualEnv("pack_cube")
+    env.reset(seed=3)
+    expert = env.expert(ExpertNoise.none())
+    while env.task.stage(env.robot) < 2 or expert.segment.name != "approach_lid":
+        env.step(expert.act())
+    robot, task = env.robot, env.task
+    box = robot.data.body("box")
+    yaw = float(np.arctan2(box.xmat[3], box.xmat[0]))
+    set_free_body(robot, "lid", box.xpos + box.xmat.reshape(3, 3) @ [*offset, task.seat_dz + 0.005], yaw)
+    mujoco.mj_forward(robot.model, robot.data)
+    hold = expert.act()
+    for _ in range(50):  # let the lid settle on the rim
+        env.step(hold)
+    assert not task.lid_seated(robot) and robot.data.body("lid").xpos[2] > 0.05
+    expert = env.expert(ExpertNoise.none(), start_command=hold)
+    stages = []
+    for _ in range(600):
+        _, _, _, _, info = env.step(expert.act())
+        stages.append(info["stage"])
+        if info["stage"] >= 4:
+            break
+    assert min(stages) >= 2, "the cube was knocked out of the box"
+    assert 3 in stages and stages[-1] >= 4, f"the lid was not lifted off the rim and seated: {sorted(set(stages))}"
+
+
 def test_env_and_robot_report_joints_in_the_same_units():
     env = BimanualEnv("transfer_cube")
     env.reset(seed=0)

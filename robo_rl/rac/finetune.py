@@ -13,6 +13,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+import numpy as np
+
 from robo_rl.data.sampler import WindowSampler
 from robo_rl.data.store import EpisodeStore
 from robo_rl.errors import ConfigError
@@ -42,7 +44,9 @@ def finetune(checkpoint: Mapping[str, Any], demos: Sequence[tuple[str | Path, in
         count = store.n_episodes if n is None else min(int(n), store.n_episodes)
         s = WindowSampler(store, obs_keys, n_obs=cfg.n_obs, horizon=cfg.horizon, episodes=range(count), device=device)
         samplers.append(s)
-        sources.append({"segments": s.data["segment"], "episode_starts": s.start, "demo": is_demo, "path": str(path)})
+        records = [(store.meta(i).extra or {}).get("interventions") or [] for i in range(count)]
+        sources.append({"segments": s.data["segment"], "episode_starts": np.unique(s.start), "demo": is_demo,
+                        "interventions": records, "path": str(path)})
     if not samplers:
         raise ConfigError("finetune: no episodes in the given stores")
     for s, w in zip(samplers, composition_weights(sources, composition)):

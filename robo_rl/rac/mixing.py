@@ -16,6 +16,11 @@ pre-training demos and the intervention episodes. Three groups of steps:
                  carrying a fixed share (default 50%) of the weight (Liu et al., IWR)
     all          every step weighs 1
 
+Interventions whose correction never finished its sub-task (the operator's timeout, its plan
+running out, the episode's time running out) teach nothing about finishing it: with
+`finished_only` (the default) their operator steps weigh 0. A correction that pushed on through
+an unreachable pose or a dropped part is also where a simulated operator's commands go wrong.
+
 `segment_weights` overrides the mode's table (0 masks a label). Shares then rescale whole groups:
 `demo_share` is the demos' part of the total weight, which under weighted sampling is the mean
 fraction of each batch drawn from the demos (the mixing ratio; 0.5 is HIL-SERL's half-half);
@@ -34,6 +39,10 @@ from robo_rl.data.schema import Segment
 from robo_rl.errors import ConfigError
 
 OPERATOR_LABELS = (int(Segment.RECOVERY), int(Segment.CORRECTION))
+# how an intervention record's correction ended when it did not finish its sub-task (the
+# simulated operator's "timeout" and "plan finished", the controller's "episode_end"); a human's
+# "correction done" key and the simulated operator's "sub-task done" count as finished
+UNFINISHED_ENDINGS = ("timeout", "plan finished", "episode_end")
 MODES: dict[str, dict[str, float]] = {
     "rac": {"POLICY": 0.0, "RECOVERY": 1.0, "CORRECTION": 1.0},
     "corrections": {"POLICY": 0.0, "RECOVERY": 0.0, "CORRECTION": 1.0},
@@ -51,6 +60,7 @@ class CompositionConfig:
     intervention_share: float | None = None  # RECOVERY + CORRECTION share (sirius default 0.5)
     pre_takeover_steps: int | None = None   # policy steps before a takeover that get pre_takeover_weight (sirius: 15)
     pre_takeover_weight: float = 0.0
+    finished_only: bool = True              # operator steps of unfinished corrections weigh 0
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -102,9 +112,31 @@ def pre_takeover_mask(segments: np.ndarray, episode_starts: np.ndarray, n: int) 
     return mask
 
 
+def unfinished_mask(segments: np.ndarray, episode_starts: np.ndarray,
+                    interventions: Sequence[Sequence[Mapping[str, Any]]]) -> np.ndarray:
+    """True on the operator steps of each intervention whose correction did not finish
+    (`ended` in UNFINISHED_ENDINGS). `interventions[e]`: episode e's records (extra["interventions"]),
+    whose `step` counts from the episode's first step."""
+    seg = np.asarray(segments)
+    mask = np.zeros(len(seg), dtype=bool)
+    starts = np.asarray(episode_starts, dtype=np.int64)
+    ends = np.r_[starts[1:], len(seg)]
+    operator = np.isin(seg, OPERATOR_LABELS)
+    for start, end, records in zip(starts, ends, interventions):
+        for rec in records or ():
+            if rec.get("ended") not in UNFINISHED_ENDINGS:
+                continue
+            t = start + int(rec.get("step", 0))
+            while start <= t < end and operator[t]:  # the takeover tick to the intervention's last step
+                mask[t] = True
+                t += 1
+    return mask
+
+
 def composition_weights(sources: Sequence[Mapping[str, Any]], cfg: CompositionConfig) -> list[np.ndarray]:
     """Per-step weights for each source: {"segments": labels per step, "episode_starts": first
-    step of each episode, "demo": True for the pre-training demos}. Weights are scaled so their
+    step of each episode, "demo": True for the pre-training demos, "interventions": each
+    episode's intervention records (optional; for `finished_only`)}. Weights are scaled so their
     mean over all steps is 1."""
     table = cfg.label_table()
     base, group = [], []
@@ -113,6 +145,8 @@ def composition_weights(sources: Sequence[Mapping[str, Any]], cfg: CompositionCo
         w = table[seg]
         if not src.get("demo", False) and cfg.pre_takeover_steps:
             w = np.where(pre_takeover_mask(seg, src["episode_starts"], cfg.pre_takeover_steps), cfg.pre_takeover_weight, w)
+        if not src.get("demo", False) and cfg.finished_only and src.get("interventions") is not None:
+            w = np.where(unfinished_mask(seg, src["episode_starts"], src["interventions"]), 0.0, w)
         g = np.full(len(seg), "demo" if src.get("demo", False) else "policy", dtype=object)
         if not src.get("demo", False):
             g[np.isin(seg, OPERATOR_LABELS)] = "intervention"

@@ -437,11 +437,14 @@ class PackCube:
         _, r_rot = ScriptedExpert.site_pose(robot, "right")
         down = topdown(yaw, r_rot[:, 1])
         o = approach_offset(rng, noise)
+        # 12 mm above the cube's centre; a cube resting higher than the table (knocked onto the
+        # box's rim, a correction's start) is grasped where it is, not pushed down through
+        grasp_z = 0.032 + max(0.0, cube[2] - 0.022)
         segs = []
         if stage == 0:
             segs += [
                 Segment("approach_cube", 1.0, right=Pose(cube + [0, 0, 0.12] + o * [1, 1, 0], down, 1.0), stage=0),
-                Segment("descend_cube", 0.7, right=Pose(np.array([cube[0], cube[1], 0.032]) + o * [1, 1, 0.5], down, 1.0), stage=0),
+                Segment("descend_cube", 0.7, right=Pose(np.array([cube[0], cube[1], grasp_z]) + o * [1, 1, 0.5], down, 1.0), stage=0),
                 Segment("grasp_cube", 0.4, right=lambda: ScriptedExpert.hold(robot, "right", 0.0), stage=0),
             ]
         above_box = lambda z: Pose(body_pos(robot, "box") + [0, 0, z - 0.03], ScriptedExpert.site_pose(robot, "right")[1], 0.0)  # noqa: E731
@@ -467,6 +470,10 @@ class PackCube:
         # fingers across the handle's thin side (the lid's x axis)
         grip = rotation([0, 0, -1], lid_x if lid_x[1] >= 0 else -lid_x)
         o = approach_offset(rng, noise)
+        # the handle, 36 mm above the lid's centre; a lid resting on the box's rim (dropped short,
+        # a correction's start) is re-grasped there: descending to the table height pressed it down
+        grasp_z = 0.042 + max(0.0, lid[2] - 0.008)
+
         def right_up() -> Pose:  # straight up out of the box, whatever the right arm was doing
             pos, rot = ScriptedExpert.site_pose(robot, "right")
             return Pose(np.array([pos[0], pos[1], max(pos[2], 0.16)]), rot, 0.45)
@@ -478,7 +485,7 @@ class PackCube:
             segs += [
                 Segment("clear_right", 0.5, right=right_up, stage=2),
                 Segment("approach_lid", 1.0, left=Pose(lid + [0, 0, 0.14] + o * [1, 1, 0], grip, 1.0), right=right_parked, stage=2),
-                Segment("descend_lid", 0.7, left=Pose(np.array([lid[0], lid[1], 0.042]) + o * [0.5, 0.5, 0.3], grip, 1.0), stage=2),
+                Segment("descend_lid", 0.7, left=Pose(np.array([lid[0], lid[1], grasp_z]) + o * [0.5, 0.5, 0.3], grip, 1.0), stage=2),
                 Segment("grasp_lid", 0.4, left=lambda: ScriptedExpert.hold(robot, "left", 0.0), stage=2),
                 Segment("lift_lid", 0.8, left=lambda: ScriptedExpert.moved(robot, "left", [0, 0, 0.12], 0.0), stage=2),
             ]
