@@ -39,6 +39,10 @@ class Phase(str, enum.Enum):
 
 
 TAKE_OVER, RECOVERY_DONE, CORRECTION_DONE = "take_over", "recovery_done", "correction_done"
+# how a correction ended without finishing its sub-task: the operator gave up (timeout), its plan
+# ran out, or the episode's time did; anything else (a human's key, "sub-task done") is finished
+TIMEOUT, PLAN_FINISHED, EPISODE_END = "timeout", "plan finished", "episode_end"
+UNFINISHED_ENDINGS = (TIMEOUT, PLAN_FINISHED, EPISODE_END)
 # event -> (the phase it is valid in, the phase it leads to; None: decided by the mode)
 TRANSITIONS = {
     TAKE_OVER: (Phase.AUTONOMOUS, Phase.RECOVERY),
@@ -161,7 +165,7 @@ class InterventionController:
     def finish(self) -> None:
         """The episode stopped (time limit, success) while an intervention was still open."""
         if self.interventions and not self.interventions[-1].ended and self.in_control:
-            self.interventions[-1].ended = "episode_end"
+            self.interventions[-1].ended = EPISODE_END
 
     # ------------------------------------------------------------------ internals
     def _apply(self, event: OperatorEvent, time: float, stage: int) -> None:

@@ -37,12 +37,9 @@ import numpy as np
 
 from robo_rl.data.schema import Segment
 from robo_rl.errors import ConfigError
+from robo_rl.rac.intervention import UNFINISHED_ENDINGS
 
 OPERATOR_LABELS = (int(Segment.RECOVERY), int(Segment.CORRECTION))
-# how an intervention record's correction ended when it did not finish its sub-task (the
-# simulated operator's "timeout" and "plan finished", the controller's "episode_end"); a human's
-# "correction done" key and the simulated operator's "sub-task done" count as finished
-UNFINISHED_ENDINGS = ("timeout", "plan finished", "episode_end")
 MODES: dict[str, dict[str, float]] = {
     "rac": {"POLICY": 0.0, "RECOVERY": 1.0, "CORRECTION": 1.0},
     "corrections": {"POLICY": 0.0, "RECOVERY": 0.0, "CORRECTION": 1.0},

@@ -42,7 +42,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from robo_rl.rac.intervention import CORRECTION_DONE, RECOVERY_DONE, TAKE_OVER, OperatorEvent, Phase
+from robo_rl.rac.intervention import (CORRECTION_DONE, PLAN_FINISHED, RECOVERY_DONE, TAKE_OVER, TIMEOUT, OperatorEvent,
+                                      Phase)
 from robo_rl.sim.expert import ExpertNoise, Pose, ScriptedExpert, Segment, grip_index
 from robo_rl.sim.tasks import grasped
 
@@ -155,9 +156,9 @@ class SimOperator:
             else:
                 self._done_since = None
             if self._plan.done:
-                return OperatorEvent(CORRECTION_DONE, "plan finished")
+                return OperatorEvent(CORRECTION_DONE, PLAN_FINISHED)
             if (self._step - self._phase_start) * dt > self.cfg.correction_timeout_s:
-                return OperatorEvent(CORRECTION_DONE, "timeout")
+                return OperatorEvent(CORRECTION_DONE, TIMEOUT)
         return None
 
     def command(self, phase: Phase, last_command: np.ndarray) -> np.ndarray:
