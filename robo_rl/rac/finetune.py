@@ -44,7 +44,7 @@ def finetune(checkpoint: Mapping[str, Any], demos: Sequence[tuple[str | Path, in
         count = store.n_episodes if n is None else min(int(n), store.n_episodes)
         s = WindowSampler(store, obs_keys, n_obs=cfg.n_obs, horizon=cfg.horizon, episodes=range(count), device=device)
         samplers.append(s)
-        records = [(m.extra or {}).get("interventions") or [] for m in store.metas()[:count]]
+        records = [(m.extra or {}).get("interventions") or [] for m in store.metas[:count]]
         sources.append({"segments": s.data["segment"], "episode_starts": np.unique(s.start), "demo": is_demo,
                         "interventions": records, "path": str(path)})
     if not samplers:
