@@ -249,6 +249,30 @@ def test_resume_gives_identical_next_step_loss(tmp_path):
     assert np.array_equal(r1, again.predict(obs))
 
 
+def test_a_non_finite_loss_stops_training_and_is_never_checkpointed(tmp_path):
+    """fit() reads losses once per log window (no wait on the device each step): a NaN batch in
+    the middle of a window still stops the run, and the last checkpoint is the one before it."""
+    torch.manual_seed(0)
+    _, policy, sampler = tiny_setup(tmp_path, "flow", TINY)
+    calls = {"n": 0}
+
+    def sample(bs, g, w):
+        batch = sampler.sample(bs, g, w)
+        calls["n"] += 1
+        if calls["n"] == 13:  # step 13: inside the window 11..20, between checkpoints at 10 and 20
+            batch = {**batch, "action": batch["action"] * float("nan")}
+        return batch
+
+    cfg = LearnerConfig(steps=40, batch_size=8, lr=1e-3, warmup_steps=2, log_every=10, checkpoint_every=10,
+                        keep_checkpoints=0)
+    learner = Learner(policy, cfg, tmp_path / "run", sample, extra={"policy": policy_spec(policy)}, progress=False)
+    with pytest.raises(FloatingPointError, match="between steps 11 and"):
+        learner.fit()
+    saved = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=False)
+    assert saved["step"] == 10
+    assert all(torch.isfinite(v).all() for v in saved["model"].values() if v.is_floating_point())
+
+
 def test_kill_during_checkpoint_leaves_last_good(tmp_path):
     rng = random.Random(0)
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}

@@ -194,7 +194,9 @@ def test_mixed_sampler_batches_follow_the_shares(tmp_path, torch_rng):
 import json  # noqa: E402
 import os  # noqa: E402
 import subprocess  # noqa: E402
+import signal  # noqa: E402
 import sys  # noqa: E402
+import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 
@@ -280,12 +282,45 @@ def test_the_demo_runs_the_whole_story_at_toy_size(tmp_path):
     assert (out / "before_after.png").stat().st_size > 1000
     for k in ("pretrained", "control", "after-rac"):
         assert list((out / f"eval-{k}" / "videos").glob("*.mp4")), k
-    assert EpisodeStore.open(out / "interventions").n_episodes == 2
+    assert EpisodeStore.open(out / "interventions" / "round1").n_episodes == 2
     # the control fine-tuned from the pre-trained checkpoint on the demos alone, RaC on both
     from robo_rl.policies import read_checkpoint
 
     assert read_checkpoint(out / "control" / "checkpoints" / "last.pt")["finetune"]["stores"] == [str(out / "demos")]
     assert read_checkpoint(out / "rac-round1" / "checkpoints" / "last.pt")["finetune"]["stores"] == \
-        [str(out / "demos"), str(out / "interventions")]
+        [str(out / "demos"), str(out / "interventions" / "round1")]
     r = _cli("demo", "small.demos=0", f"out={out}")
     assert r.returncode == 2 and r.stderr.startswith("error:")
+
+
+@pytest.mark.slow  # ~2 min: the toy demo twice
+def test_a_killed_demo_resumes_where_it_stopped(tmp_path):
+    """SIGKILL the demo while it collects RaC rollouts; `resume=true` reuses the recorded demos,
+    the pre-training and its evaluation, sets the partial rollouts aside and finishes."""
+    out = tmp_path / "demo"
+    args = ["small.demos=2", "small.pretrain_steps=10", "small.episodes_per_round=6", "small.finetune_steps=5",
+            "small.eval_episodes=2", "n_envs=1", "threads=1", "videos=0", f"out={out}"]
+    proc = subprocess.Popen([sys.executable, "-m", "robo_rl.cli.main", "demo", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env={**os.environ, "MUJOCO_GL": "egl"})
+    try:
+        deadline = time.time() + 300
+        while not (out / "interventions" / "round1").exists() and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        time.sleep(1.0)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+    done = json.loads((out / "stages.json").read_text())["results"]
+    assert list(done) == ["1 teleop demos", "2 pre-train", "2 evaluate pre-trained"]
+    pretrained = (out / "pretrain" / "checkpoints" / "last.pt").read_bytes()
+    r = _cli("demo", *args)
+    assert r.returncode == 2 and "resume=true" in r.stderr
+    r = _cli("demo", *args, "small.finetune_steps=6", "resume=true")
+    assert r.returncode == 2 and "small.finetune_steps" in r.stderr
+    r = _cli("demo", *args, "resume=true")
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = json.loads((out / "results.json").read_text())
+    assert res["resumed"] == ["1 teleop demos", "2 pre-train", "2 evaluate pre-trained"]
+    assert (out / "pretrain" / "checkpoints" / "last.pt").read_bytes() == pretrained
+    assert EpisodeStore.open(out / "interventions" / "round1").n_episodes == 6
+    assert list((out / "interventions").glob("round1.interrupted-1"))

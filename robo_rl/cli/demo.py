@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
@@ -76,6 +76,7 @@ def record_demos(task: str, out: Path, episodes: int, seed: int) -> dict[str, An
 
 
 def run(cfg: DictConfig) -> int:
+    from robo_rl.data.store import EpisodeStore
     from robo_rl.learn import Learner, LearnerConfig
     from robo_rl.learn.from_store import policy_for_store
     from robo_rl.learn.learner import resolve_device
@@ -95,95 +96,203 @@ def run(cfg: DictConfig) -> int:
            s["eval_episodes"]) < 1:
         raise ConfigError(f"demo: every size must be >= 1, got {s}")
     out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    stages = Stages(out, cfg, bool(cfg.resume))
     t_start = time.perf_counter()
-    timings: dict[str, float] = {}
     obs_keys = ["obs/qpos", "obs/env_state"]
     policy_opts = OmegaConf.to_container(cfg.policy, resolve=True) or {}
+    device = resolve_device(str(cfg.device))
 
     def evaluate(policy: Any, name: str) -> dict[str, Any]:  # every row on the same seeds, one video each
         return evaluate_with_recoveries(policy, cfg.task, chunking, int(s["eval_episodes"]), int(cfg.n_envs), 100_000,
-                                        5, out / f"eval-{name}", videos=1)
+                                        5, out / f"eval-{name}", videos=int(cfg.videos))
 
     def learner(steps: int, lr: float, warmup: int, **more: Any) -> LearnerConfig:
         return LearnerConfig(steps=steps, batch_size=int(s["batch_size"]), lr=lr, warmup_steps=warmup,
                              checkpoint_every=1000, seed=int(cfg.seed), device=cfg.device, threads=int(cfg.threads),
                              **more)
 
-    # 1. teleop demos through the Recorder
-    t = time.perf_counter()
-    demos = out / "demos"
-    rec = record_demos(cfg.task, demos, int(s["demos"]), int(cfg.seed))
-    timings["1 teleop demos"] = time.perf_counter() - t
+    def policy_at(run_dir: Path) -> Any:  # a finished stage's EMA policy, for the stages after it
+        return load_policy(read_checkpoint(run_dir / "checkpoints" / "last.pt"), device=device)
+
+    # 1. teleop demos through the Recorder (or a store recorded before)
+    if cfg.demos_from:
+        demos = Path(str(cfg.demos_from))
+        rec = stages.run("1 teleop demos", lambda: existing_demos(demos, cfg.task, int(s["demos"])))
+    else:
+        demos = out / "demos"
+        rec = stages.run("1 teleop demos", lambda: record_demos(cfg.task, demos, int(s["demos"]), int(cfg.seed)))
 
     # 2. pre-train a flow policy
-    t = time.perf_counter()
-    lcfg = learner(int(s["pretrain_steps"]), float(s["lr"]), 300)
-    policy, sampler, n_demos = policy_for_store(demos, obs_keys, "flow", policy_opts, None, resolve_device(lcfg.device))
-    chunking = {"n_action_steps": policy.config.n_action_steps}
     pre_dir = out / "pretrain"
-    print(f"2/6 pre-train a flow policy ({sum(p.numel() for p in policy.parameters()) / 1e6:.2f}M params) on "
-          f"{n_demos} demos, {lcfg.steps} steps")
-    Learner(policy, lcfg, pre_dir, lambda bs, g, w: sampler.sample(bs, g, w),
-            extra=checkpoint_info(policy, cfg.task, demos, n_demos, obs_keys, chunking)).fit()
+    lcfg = learner(int(s["pretrain_steps"]), float(s["lr"]), 300)
+    policy, sampler, n_demos = policy_for_store(demos, obs_keys, "flow", policy_opts, int(s["demos"]),
+                                                resolve_device(lcfg.device))
+    chunking = {"n_action_steps": policy.config.n_action_steps}
+
+    def pretrain() -> dict[str, Any]:
+        print(f"2/6 pre-train a flow policy ({sum(p.numel() for p in policy.parameters()) / 1e6:.2f}M params) on "
+              f"{n_demos} demos, {lcfg.steps} steps")
+        trainer = Learner(policy, lcfg, pre_dir, lambda bs, g, w: sampler.sample(bs, g, w),
+                          extra=checkpoint_info(policy, cfg.task, demos, n_demos, obs_keys, chunking))
+        if cfg.resume and (pre_dir / "checkpoints" / "last.pt").is_file():
+            trainer.load(pre_dir / "checkpoints" / "last.pt")
+            print(f"   resumed at step {trainer.step}")
+        return trained(trainer.fit())
+
+    stages.run("2 pre-train", pretrain)
     ckpt = read_checkpoint(pre_dir / "checkpoints" / "last.pt")
-    timings["2 pre-train"] = time.perf_counter() - t
-    t = time.perf_counter()
+    base = load_policy(ckpt, device=device)
     print(f"   evaluate the pre-trained policy on {s['eval_episodes']} episodes")
-    base = load_policy(ckpt)
-    before = evaluate(base, "pretrained")
-    timings["2 evaluate pre-trained"] = time.perf_counter() - t
+    before = stages.run("2 evaluate pre-trained", lambda: evaluate(base, "pretrained"))
 
     # 3-4. RaC rounds with the simulated operator; each fine-tunes from the pre-trained checkpoint on
     # the demos plus every intervention so far, and the next round's rollouts use that policy
     ft = learner(int(s["finetune_steps"]), float(s["finetune_lr"]), 100, weighted_sampling=True, loss_weights=False)
     composition = CompositionConfig(**(OmegaConf.to_container(cfg.composition, resolve=True) or {}))
-    policy_now, total_samples, rounds = base, 0, []
+    policy_now, total_samples, rounds, round_stores = base, 0, [], []
     for r in range(1, int(s["rounds"]) + 1):
-        t = time.perf_counter()
-        print(f"3/6 RaC round {r}: {s['episodes_per_round']} rollouts with the simulated operator watching")
-        st = collect_interventions(predictor(policy_now), cfg.task, obs_keys, base.config.n_obs, base.config.horizon,
-                                   ChunkingConfig(**chunking), out / "interventions", int(s["episodes_per_round"]),
-                                   seed=200_000 + 100 * r, mode="rac", n_envs=int(cfg.n_envs))
-        total_samples += st.operator_samples
-        timings[f"3 RaC rollouts, round {r}"] = time.perf_counter() - t
-        t = time.perf_counter()
-        print(f"4/6 fine-tune round {r}: demos + {st.steps['RECOVERY']} recovery and {st.steps['CORRECTION']} correction "
-              f"steps from {st.interventions} interventions, {ft.steps} steps")
-        policy_now, _ = finetune(ckpt, [(demos, None)], [out / "interventions"], composition, ft, out / f"rac-round{r}")
-        timings[f"4 fine-tune, round {r}"] = time.perf_counter() - t
-        rounds.append({"round": r, "collect": st.to_dict(), "operator_samples": total_samples})
+        store = out / "interventions" / f"round{r}"
+        round_stores.append(store)
+
+        def collect() -> dict[str, Any]:
+            print(f"3/6 RaC round {r}: {s['episodes_per_round']} rollouts with the simulated operator watching")
+            set_aside(store)  # an interrupted round's partial rollouts are kept beside, not mixed in
+            return collect_interventions(predictor(policy_now), cfg.task, obs_keys, base.config.n_obs,
+                                         base.config.horizon, ChunkingConfig(**chunking), store,
+                                         int(s["episodes_per_round"]), seed=200_000 + 100 * r, mode="rac",
+                                         n_envs=int(cfg.n_envs)).to_dict()
+
+        st = stages.run(f"3 RaC rollouts, round {r}", collect)
+        total_samples += st["operator_samples"]
+        print(f"4/6 fine-tune round {r}: demos + {st['steps']['RECOVERY']} recovery and {st['steps']['CORRECTION']} "
+              f"correction steps from {st['interventions']} interventions, {ft.steps} steps")
+        stages.run(f"4 fine-tune, round {r}", lambda: finetune_stage(
+            finetune, ckpt, [(demos, n_demos)], list(round_stores), composition, ft, out / f"rac-round{r}", cfg.resume))
+        policy_now = policy_at(out / f"rac-round{r}")
+        rounds.append({"round": r, "collect": st, "operator_samples": total_samples})
 
     # 5. the control: the same fine-tuning from the same checkpoint on the demos alone. What it
     # gains over the pre-trained policy is the extra training; what RaC gains over it is the data's.
-    t = time.perf_counter()
     print(f"5/6 control: fine-tune on the demos alone, no new data, {ft.steps} steps")
-    control, _ = finetune(ckpt, [(demos, None)], [], composition, ft, out / "control")
-    timings["5 fine-tune, control"] = time.perf_counter() - t
+    stages.run("5 fine-tune, control", lambda: finetune_stage(
+        finetune, ckpt, [(demos, n_demos)], [], composition, ft, out / "control", cfg.resume))
+    control = policy_at(out / "control")
 
     # 6. evaluate both on the same seeds as the pre-trained policy
-    t = time.perf_counter()
     print(f"6/6 evaluate after RaC and the control on the same {s['eval_episodes']} episodes")
-    after = evaluate(policy_now, "after-rac")
-    timings["6 evaluate after RaC"] = time.perf_counter() - t
-    t = time.perf_counter()
-    ctrl = evaluate(control, "control")
-    timings["6 evaluate control"] = time.perf_counter() - t
+    after = stages.run("6 evaluate after RaC", lambda: evaluate(policy_now, "after-rac"))
+    ctrl = stages.run("6 evaluate control", lambda: evaluate(control, "control"))
     rows = {"pre-trained": before, "control (no new data)": ctrl, "after RaC": after}
     plot = write_rows_plot(rows, cfg.task, out / "before_after.png")
     verdict = gain_verdict(before, ctrl, after)
-    result = {"task": cfg.task, "sizes": s, "policy": policy_opts, "recording": rec, "before": before, "control": ctrl,
-              "after": after, "verdict": verdict, "rounds": rounds, "operator_samples": total_samples,
-              "timings_s": timings, "wall_s": time.perf_counter() - t_start}
+    timings = stages.timings
+    result = {"task": cfg.task, "sizes": s, "policy": policy_opts, "device": device, "recording": rec,
+              "before": before, "control": ctrl, "after": after, "verdict": verdict, "rounds": rounds,
+              "operator_samples": total_samples, "timings_s": timings, "wall_s": sum(timings.values()),
+              "resumed": stages.resumed}
     (out / "results.json").write_text(json.dumps(result, indent=1))
     print_rows(rows, cfg.task, int(s["eval_episodes"]), total_samples)
     print(verdict["line"])
-    print_table("time", ["step", "seconds"], [[k, f"{v:.0f}"] for k, v in timings.items()] +
-                [["total", f"{time.perf_counter() - t_start:.0f}"]])
+    print_table("time", ["step", "seconds"], [[k + (" (an earlier run)" if k in stages.resumed else ""), f"{v:.0f}"]
+                                              for k, v in timings.items()] +
+                [["total", f"{sum(timings.values()):.0f}"], ["this run", f"{time.perf_counter() - t_start:.0f}"]])
     videos = [v for d in rows.values() for v in d["videos"][:1]]
     print(f"\nresults: {out / 'results.json'}   plot: {plot}   videos: {', '.join(videos) or 'none'}")
     return 0
+
+
+class Stages:
+    """The demo's finished stages and their results in `out/stages.json`, written after each one,
+    so that `resume=true` picks an interrupted run up where it stopped (a killed pre-training or
+    fine-tune goes on from its last checkpoint) instead of starting over."""
+
+    IGNORED = ("resume", "device", "threads", "n_envs", "videos")  # may differ between the two runs
+
+    def __init__(self, out: Path, cfg: DictConfig, resume: bool):
+        self.path = out / "stages.json"
+        self.done: dict[str, Any] = {}
+        self.timings: dict[str, float] = {}
+        self.resumed: list[str] = []
+        config = OmegaConf.to_container(cfg, resolve=True)
+        wanted = {k: v for k, v in flatten(config).items() if k.split(".")[0] not in self.IGNORED}
+        if self.path.is_file():
+            if not resume:
+                raise ConfigError(f"demo: {out} already holds a run; pass resume=true to continue it or another out=")
+            saved = json.loads(self.path.read_text())
+            differ = sorted(k for k in set(wanted) | set(saved["config"]) if wanted.get(k) != saved["config"].get(k))
+            if differ:
+                raise ConfigError(f"demo: resume=true but {out} was run with other settings for {differ}; "
+                                  "resume with the same ones or choose another out=")
+            self.done, self.timings = saved["results"], saved["timings"]
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        self.config = wanted
+        self._write()
+
+    def run(self, name: str, fn: Callable[[], Any]) -> Any:
+        if name in self.done:
+            print(f"   {name}: done in an earlier run, reused")
+            self.resumed.append(name)
+            return self.done[name]
+        t = time.perf_counter()
+        self.done[name] = json.loads(json.dumps(fn()))  # what a resumed run reads back
+        self.timings[name] = time.perf_counter() - t
+        self._write()
+        return self.done[name]
+
+    def _write(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"config": self.config, "results": self.done, "timings": self.timings}, indent=1))
+        tmp.replace(self.path)
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"small": {"demos": 50}} -> {"small.demos": 50}."""
+    flat: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            flat.update(flatten(v, f"{prefix}{k}."))
+        else:
+            flat[f"{prefix}{k}"] = v
+    return flat
+
+
+def existing_demos(path: Path, task: str, episodes: int) -> dict[str, Any]:
+    """`demos_from=`: a store recorded before (by this demo, `robo-rl collect` or a teleop session)."""
+    from robo_rl.data.store import EpisodeStore
+
+    try:
+        store = EpisodeStore.open(path, mode="r")
+    except Exception as e:  # a missing or foreign folder
+        raise ConfigError(f"demo: demos_from={path} is not an episode store ({type(e).__name__}: {e})") from None
+    tasks = {m.task for m in store.metas[: min(episodes, store.n_episodes)]}
+    if store.n_episodes < episodes or tasks != {task}:
+        raise ConfigError(f"demo: demos_from={path} holds {store.n_episodes} episodes of {sorted(tasks)}; "
+                          f"the demo needs {episodes} of {task}")
+    return {"episodes": episodes, "from": str(path)}
+
+
+def set_aside(store: Path) -> None:
+    """Move an interrupted round's rollouts to `<store>.interrupted-N`, so that nothing recorded is lost."""
+    if store.exists():
+        n = 1
+        while store.with_name(f"{store.name}.interrupted-{n}").exists():
+            n += 1
+        store.rename(store.with_name(f"{store.name}.interrupted-{n}"))
+
+
+def finetune_stage(finetune: Callable[..., Any], ckpt: Any, demos: list, interventions: list, composition: Any,
+                   learner: Any, run_dir: Path, resume: bool) -> dict[str, Any]:
+    _, result = finetune(ckpt, demos, interventions, composition, learner, run_dir, resume=bool(resume))
+    return trained(result)
+
+
+def trained(result: dict[str, Any]) -> dict[str, Any]:
+    """A Learner's result as a stage's; a run stopped by SIGTERM (checkpointed) is not a finished stage."""
+    if result["stopped"]:
+        print("   stopped and checkpointed; `resume=true` with the same out= goes on from here")
+        raise KeyboardInterrupt
+    return {"step": result["step"], "loss": result["loss"], "train_time_s": result["train_time_s"]}
 
 
 def gain_verdict(before: dict[str, Any], control: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:

@@ -247,6 +247,15 @@ class Learner:
 
     # ---- one step
     def train_step(self) -> float:
+        """One update; returns its loss (waiting for the device: `fit` checks losses in windows instead)."""
+        loss = float(self._step())
+        if not math.isfinite(loss):
+            raise FloatingPointError(f"loss is {loss} at step {self.step}; lower learner.lr or check the data")
+        return loss
+
+    def _step(self) -> torch.Tensor:
+        """One update without waiting for the device: the loss stays a device tensor, so that on a
+        GPU the next step's kernels queue up while this one runs."""
         cfg = self.cfg
         per_rank = max(1, cfg.batch_size // self.dist.world)
         batch = self.sample(per_rank, self.generator, cfg.weighted_sampling)
@@ -254,8 +263,6 @@ class Learner:
         self.model.train()
         with torch.autocast(self.device.split(":")[0], dtype=torch.bfloat16, enabled=self.autocast):
             loss = self.train_model(batch, weights)
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"loss is {loss.item()} at step {self.step}; lower learner.lr or check the data")
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.grad_clip > 0:
@@ -264,7 +271,7 @@ class Learner:
         self.scheduler.step()
         self.update_ema()
         self.step += 1
-        return float(loss.detach())
+        return loss.detach()
 
     @torch.no_grad()
     def update_ema(self) -> None:
@@ -292,7 +299,16 @@ class Learner:
             from tqdm import tqdm
 
             bar = tqdm(total=cfg.steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True)
-        t_start, t_window, steps_window, loss_sum, n_loss = time.perf_counter(), time.perf_counter(), 0, 0.0, 0
+        t_start, t_window, steps_window, n_loss = time.perf_counter(), time.perf_counter(), 0, 0
+        loss_sum = torch.zeros((), device=self.device)
+
+        def window_loss() -> float:  # the one wait for the device per log window
+            mean = float(loss_sum) / max(n_loss, 1)
+            if not math.isfinite(mean):
+                raise FloatingPointError(f"loss is {mean} between steps {self.step - n_loss + 1} and {self.step}; "
+                                         "lower learner.lr or check the data")
+            return mean
+
         stop = {"flag": False}
         previous = signal.getsignal(signal.SIGTERM)
         if main:
@@ -300,14 +316,14 @@ class Learner:
         final_eval: dict[str, Any] = {}
         try:
             while self.step < cfg.steps and not stop["flag"]:
-                loss = self.train_step()
-                loss_sum, n_loss, steps_window = loss_sum + loss, n_loss + 1, steps_window + 1
+                loss_sum += self._step().float()
+                n_loss, steps_window = n_loss + 1, steps_window + 1
                 if bar is not None:
                     bar.update()
                 if self.step % cfg.log_every == 0 or self.step == cfg.steps:
                     now = time.perf_counter()
                     rate = steps_window / max(now - t_window, 1e-9)
-                    self.last_loss = loss_sum / max(n_loss, 1)
+                    self.last_loss = window_loss()
                     row = {"step": self.step, "loss": self.last_loss, "lr": self.scheduler.get_last_lr()[0],
                            "steps_per_s": rate, "time_s": now - t_start}
                     self.history.append(row)
@@ -319,8 +335,11 @@ class Learner:
                                 writer.add_scalar(f"train/{k}", row[k], self.step)
                         with open(self.run_dir / "metrics.jsonl", "a") as f:
                             f.write(json.dumps(row) + "\n")
-                    t_window, steps_window, loss_sum, n_loss = now, 0, 0.0, 0
+                    t_window, steps_window, n_loss = now, 0, 0
+                    loss_sum.zero_()
                 if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+                    if n_loss:
+                        window_loss()  # never checkpoint weights a non-finite loss went into
                     self.save()
                 if main and self.evaluate and cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
                     self._evaluate(writer, bar)
@@ -331,13 +350,16 @@ class Learner:
         except KeyboardInterrupt:
             if bar is not None:
                 bar.write(f"interrupted at step {self.step}; checkpointing")
-            self.save()
+            if not n_loss or math.isfinite(float(loss_sum)):
+                self.save()
             raise
         finally:
             if bar is not None:
                 bar.close()
             if main:
                 signal.signal(signal.SIGTERM, previous)
+        if n_loss:
+            self.last_loss = window_loss()
         self.save()
         if main and self.evaluate and not stop["flag"]:
             final_eval = self._evaluate(writer, None)

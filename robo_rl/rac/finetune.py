@@ -27,9 +27,11 @@ from robo_rl.rac.mixing import CompositionConfig, MixedSampler, composition_weig
 def finetune(checkpoint: Mapping[str, Any], demos: Sequence[tuple[str | Path, int | None]],
              interventions: Sequence[str | Path], composition: CompositionConfig, learner: LearnerConfig,
              run_dir: str | Path, evaluate: Callable[[Any, int], Mapping[str, Any]] | None = None,
-             progress: bool = True, extra: Mapping[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+             progress: bool = True, extra: Mapping[str, Any] | None = None,
+             resume: bool = False) -> tuple[Any, dict[str, Any]]:
     """`demos`: (store, first n episodes or None for all) pairs, the pre-training demos first;
-    `interventions`: stores of intervention rollouts. Returns (the EMA policy, the Learner's result)."""
+    `interventions`: stores of intervention rollouts. `resume`: go on from `run_dir`'s last
+    checkpoint if it has one. Returns (the EMA policy, the Learner's result)."""
     obs_keys = list(checkpoint.get("obs_keys") or [])
     if not obs_keys:
         raise ConfigError("finetune: the checkpoint does not list its observation keys (was it written by robo-rl train?)")
@@ -58,5 +60,7 @@ def finetune(checkpoint: Mapping[str, Any], demos: Sequence[tuple[str | Path, in
                            **dict(extra or {}))
     trainer = Learner(policy, learner, run_dir, lambda bs, gen, weighted: mixed.sample(bs, gen, weighted), extra=info,
                       evaluate=evaluate, progress=progress)
+    if resume and (Path(run_dir) / "checkpoints" / "last.pt").is_file():
+        trainer.load(Path(run_dir) / "checkpoints" / "last.pt")
     result = trainer.fit()
     return trainer.ema.eval(), result
