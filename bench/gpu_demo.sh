@@ -21,7 +21,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
         || exit 1
     export PYTHONPATH=/tmp/site:$PWD
 fi
-export MUJOCO_GL=egl PYTHONUNBUFFERED=1 TQDM_MININTERVAL=30
+export MUJOCO_GL=${MUJOCO_GL:-egl} PYTHONUNBUFFERED=1 TQDM_MININTERVAL=30
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$out/device.txt"
 python3 -c "import torch, platform; print('torch', torch.__version__, torch.cuda.get_device_name(), platform.processor())" \
     | tee -a "$out/device.txt"

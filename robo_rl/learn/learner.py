@@ -140,11 +140,12 @@ def rng_state(generator: torch.Generator | None) -> dict[str, Any]:
 def set_rng_state(state: Mapping[str, Any], generator: torch.Generator | None) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
+    # RNG states are CPU byte tensors; a checkpoint loaded with map_location="cuda" moved them
+    torch.set_rng_state(state["torch"].cpu())
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
     if generator is not None and "sampler" in state:
-        generator.set_state(state["sampler"])
+        generator.set_state(state["sampler"].cpu())
 
 
 def seed_everything(seed: int) -> None:
