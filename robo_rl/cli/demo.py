@@ -120,12 +120,17 @@ def run(cfg: DictConfig) -> int:
         rec = stages.run("1 teleop demos", lambda: existing_demos(demos, cfg.task, int(s["demos"])))
     else:
         demos = out / "demos"
-        rec = stages.run("1 teleop demos", lambda: record_demos(cfg.task, demos, int(s["demos"]), int(cfg.seed)))
+
+        def record() -> dict[str, Any]:
+            set_aside(demos)  # an interrupted recording's episodes are kept beside, not overwritten
+            return record_demos(cfg.task, demos, int(s["demos"]), int(cfg.seed))
+
+        rec = stages.run("1 teleop demos", record)
 
     # 2. pre-train a flow policy
     pre_dir = out / "pretrain"
     lcfg = learner(int(s["pretrain_steps"]), float(s["lr"]), 300)
-    policy, sampler, n_demos = policy_for_store(demos, obs_keys, "flow", policy_opts, int(s["demos"]),
+    policy, sampler, n_demos = policy_for_store(demos, obs_keys, "flow", policy_opts, int(rec["episodes"]),
                                                 resolve_device(lcfg.device))
     chunking = {"n_action_steps": policy.config.n_action_steps}
 
@@ -273,7 +278,7 @@ def existing_demos(path: Path, task: str, episodes: int) -> dict[str, Any]:
 
 
 def set_aside(store: Path) -> None:
-    """Move an interrupted round's rollouts to `<store>.interrupted-N`, so that nothing recorded is lost."""
+    """Move an interrupted stage's store to `<store>.interrupted-N`, so that nothing recorded is lost."""
     if store.exists():
         n = 1
         while store.with_name(f"{store.name}.interrupted-{n}").exists():
