@@ -76,13 +76,11 @@ def record_demos(task: str, out: Path, episodes: int, seed: int) -> dict[str, An
 
 
 def run(cfg: DictConfig) -> int:
-    from robo_rl.data.store import EpisodeStore
     from robo_rl.learn import Learner, LearnerConfig
     from robo_rl.learn.from_store import policy_for_store
     from robo_rl.learn.learner import resolve_device
     from robo_rl.policies import checkpoint_info, load_policy, read_checkpoint
     from robo_rl.policies.common import predictor
-    from robo_rl.rac.finetune import finetune
     from robo_rl.rac.mixing import CompositionConfig
     from robo_rl.runtime.chunking import ChunkingConfig
     from robo_rl.sim.evaluate import evaluate_with_recoveries
@@ -139,8 +137,7 @@ def run(cfg: DictConfig) -> int:
               f"{n_demos} demos, {lcfg.steps} steps")
         trainer = Learner(policy, lcfg, pre_dir, lambda bs, g, w: sampler.sample(bs, g, w),
                           extra=checkpoint_info(policy, cfg.task, demos, n_demos, obs_keys, chunking))
-        if cfg.resume and (pre_dir / "checkpoints" / "last.pt").is_file():
-            trainer.load(pre_dir / "checkpoints" / "last.pt")
+        if cfg.resume and trainer.resume_from_last():
             print(f"   resumed at step {trainer.step}")
         return trained(trainer.fit())
 
@@ -172,7 +169,7 @@ def run(cfg: DictConfig) -> int:
         print(f"4/6 fine-tune round {r}: demos + {st['steps']['RECOVERY']} recovery and {st['steps']['CORRECTION']} "
               f"correction steps from {st['interventions']} interventions, {ft.steps} steps")
         stages.run(f"4 fine-tune, round {r}", lambda: finetune_stage(
-            finetune, ckpt, [(demos, n_demos)], list(round_stores), composition, ft, out / f"rac-round{r}", cfg.resume))
+            ckpt, [(demos, n_demos)], list(round_stores), composition, ft, out / f"rac-round{r}", cfg.resume))
         policy_now = policy_at(out / f"rac-round{r}")
         rounds.append({"round": r, "collect": st, "operator_samples": total_samples})
 
@@ -180,7 +177,7 @@ def run(cfg: DictConfig) -> int:
     # gains over the pre-trained policy is the extra training; what RaC gains over it is the data's.
     print(f"5/6 control: fine-tune on the demos alone, no new data, {ft.steps} steps")
     stages.run("5 fine-tune, control", lambda: finetune_stage(
-        finetune, ckpt, [(demos, n_demos)], [], composition, ft, out / "control", cfg.resume))
+        ckpt, [(demos, n_demos)], [], composition, ft, out / "control", cfg.resume))
     control = policy_at(out / "control")
 
     # 6. evaluate both on the same seeds as the pre-trained policy
@@ -266,10 +263,7 @@ def existing_demos(path: Path, task: str, episodes: int) -> dict[str, Any]:
     """`demos_from=`: a store recorded before (by this demo, `robo-rl collect` or a teleop session)."""
     from robo_rl.data.store import EpisodeStore
 
-    try:
-        store = EpisodeStore.open(path, mode="r")
-    except Exception as e:  # a missing or foreign folder
-        raise ConfigError(f"demo: demos_from={path} is not an episode store ({type(e).__name__}: {e})") from None
+    store = EpisodeStore.open(path, mode="r")  # a missing or foreign folder is a one-line StoreError
     tasks = {m.task for m in store.metas[: min(episodes, store.n_episodes)]}
     if store.n_episodes < episodes or tasks != {task}:
         raise ConfigError(f"demo: demos_from={path} holds {store.n_episodes} episodes of {sorted(tasks)}; "
@@ -286,8 +280,10 @@ def set_aside(store: Path) -> None:
         store.rename(store.with_name(f"{store.name}.interrupted-{n}"))
 
 
-def finetune_stage(finetune: Callable[..., Any], ckpt: Any, demos: list, interventions: list, composition: Any,
-                   learner: Any, run_dir: Path, resume: bool) -> dict[str, Any]:
+def finetune_stage(ckpt: Any, demos: list, interventions: list, composition: Any, learner: Any, run_dir: Path,
+                   resume: bool) -> dict[str, Any]:
+    from robo_rl.rac.finetune import finetune
+
     _, result = finetune(ckpt, demos, interventions, composition, learner, run_dir, resume=bool(resume))
     return trained(result)
 

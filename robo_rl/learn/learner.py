@@ -246,6 +246,13 @@ class Learner:
         else:
             seed_everything(self.cfg.seed + self.dist.rank + 7919 * self.step)
 
+    def resume_from_last(self) -> bool:
+        """Go on from `run_dir`'s last checkpoint if there is one; False if there is none."""
+        last = self.checkpoint_dir / "last.pt"
+        if last.is_file():
+            self.load(last)
+        return last.is_file()
+
     # ---- one step
     def train_step(self) -> float:
         """One update; returns its loss (waiting for the device: `fit` checks losses in windows instead)."""

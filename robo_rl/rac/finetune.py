@@ -60,7 +60,7 @@ def finetune(checkpoint: Mapping[str, Any], demos: Sequence[tuple[str | Path, in
                            **dict(extra or {}))
     trainer = Learner(policy, learner, run_dir, lambda bs, gen, weighted: mixed.sample(bs, gen, weighted), extra=info,
                       evaluate=evaluate, progress=progress)
-    if resume and (Path(run_dir) / "checkpoints" / "last.pt").is_file():
-        trainer.load(Path(run_dir) / "checkpoints" / "last.pt")
+    if resume:
+        trainer.resume_from_last()
     result = trainer.fit()
     return trainer.ema.eval(), result
