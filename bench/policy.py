@@ -55,8 +55,11 @@ CONFIGS = [  # label, policy, options
     ("flow DiT, 64-step chunks, 8 actions per token", "flow", {"horizon": 64, "dit_patch": 8, "n_action_steps": 32}),
     ("flow DiT 96 wide, 3 blocks, 64-step chunks, 4 per token", "flow",
      {"horizon": 64, "dit_patch": 4, "n_action_steps": 32, "dit_dim": 96, "dit_depth": 3, "dit_heads": 4}),
+    # the demo's policy since issue 20's fifth session: a residual MLP over the whole 64-step chunk
+    ("flow MLP 512 wide, 3 blocks, 64-step chunks (make demo)", "flow",
+     {"backbone": "mlp", "mlp_expansion": 1, "horizon": 64, "n_action_steps": 32}),
 ]
-TASK_SIZED = [CONFIGS[0], *CONFIGS[-5:]]
+TASK_SIZED = [CONFIGS[0], *CONFIGS[-6:]]
 
 
 def obs_window(shapes: ObsShapes, batch: int, rng: np.random.Generator) -> dict[str, np.ndarray]:

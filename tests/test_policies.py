@@ -30,6 +30,7 @@ from robo_rl.sim.rollout import wilson_interval
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent
 TINY = {"backbone": "unet", "down_dims": [16, 32], "obs_dim": 32, "horizon": 8, "n_action_steps": 4}
+TINY_MLP = {"backbone": "mlp", "mlp_width": 32, "mlp_depth": 2, "obs_dim": 32, "horizon": 8, "n_action_steps": 4}
 TINY_DIT = {"backbone": "transformer", "dit_dim": 32, "dit_depth": 2, "dit_heads": 2, "obs_dim": 32, "horizon": 8,
             "n_action_steps": 4}
 
@@ -64,7 +65,7 @@ def tiny_setup(tmp_path, name="flow", options=TINY, images=False):
 
 # --------------------------------------------------------------------------- shapes and normalisation
 @pytest.mark.parametrize("name", ["flow", "diffusion"])
-@pytest.mark.parametrize("options", [TINY, TINY_DIT], ids=["unet", "dit"])
+@pytest.mark.parametrize("options", [TINY, TINY_DIT, TINY_MLP], ids=["unet", "dit", "mlp"])
 def test_predict_shapes_and_raw_units(tmp_path, name, options):
     store, policy, sampler = tiny_setup(tmp_path, name, options)
     batch = sampler.sample(5, torch.Generator().manual_seed(0))
@@ -106,7 +107,7 @@ def test_observation_span_floor_keeps_still_dims_from_blowing_up():
 
 
 @pytest.mark.parametrize("name", ["flow", "diffusion"])
-@pytest.mark.parametrize("options", [TINY, TINY_DIT, {**TINY_DIT, "dit_patch": 2}], ids=["unet", "dit", "dit-patch2"])
+@pytest.mark.parametrize("options", [TINY, TINY_DIT, {**TINY_DIT, "dit_patch": 2}, TINY_MLP], ids=["unet", "dit", "dit-patch2", "mlp"])
 def test_frozen_predictor_matches_eager(tmp_path, name, options):
     """The traced, frozen sampler gives the eager policy's chunks for the same noise, at more than
     one batch size."""
@@ -157,7 +158,8 @@ def test_image_encoder_crop_and_resnet():
 
 
 # --------------------------------------------------------------------------- training
-@pytest.mark.parametrize("name,options", [("flow", TINY), ("diffusion", TINY), ("flow", TINY_DIT)], ids=["flow-unet", "diffusion-unet", "flow-dit"])
+@pytest.mark.parametrize("name,options", [("flow", TINY), ("diffusion", TINY), ("flow", TINY_DIT), ("flow", TINY_MLP)],
+                         ids=["flow-unet", "diffusion-unet", "flow-dit", "flow-mlp"])
 def test_losses_decrease(tmp_path, name, options):
     torch.manual_seed(0)
     _, policy, sampler = tiny_setup(tmp_path, name, options)

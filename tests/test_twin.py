@@ -237,3 +237,39 @@ def test_env_and_robot_report_joints_in_the_same_units():
     direct = env.robot.observe()
     assert np.array_equal(obs["qpos"], direct.qpos) and np.array_equal(obs["qvel"], direct.qvel)
     assert abs(obs["qvel"][6]) > 0.1  # normalised units per second, not metres per second
+
+
+def test_pack_cube_slip_drops_the_carried_cube_only_in_disturbed_envs():
+    """The disturbance of policy rollouts: the carried cube slips out of the fingers (physically:
+    no friction for a few steps), falls to the table and the task is back at its start; the grip
+    comes back afterwards. The scene of a seed is the same with or without disturbances, and a
+    clean env (demos) never slips."""
+    from robo_rl.sim.tasks import body_pos, grasped
+
+    def carry(disturb: bool, seed: int = 4):
+        env = BimanualEnv("pack_cube", disturb=disturb)
+        env.task.slip_prob = 1.0
+        env.reset(seed=seed)
+        start = env.sim_state()
+        expert = env.expert(ExpertNoise.none())
+        for t in range(300):
+            _, _, _, _, info = env.step(expert.act())
+            if info["disturbance"] is not None:
+                return env, start, t, info
+        return env, start, None, info
+
+    clean, clean_start, slipped_at, _ = carry(disturb=False)
+    assert slipped_at is None and clean.task.stage(clean.robot) >= 1, "a clean env carried the cube without a slip"
+    env, start, slipped_at, info = carry(disturb=True)
+    np.testing.assert_array_equal(start, clean_start)
+    assert info["disturbance"] == "cube slipped" and slipped_at is not None
+    friction = clean.robot.model.geom_friction.copy()
+    assert not np.array_equal(env.robot.model.geom_friction, friction), "the slip takes the friction away"
+    hold = env.robot.joint_positions()
+    stages = [env.step(hold)[4]["stage"] for _ in range(40)]
+    assert body_pos(env.robot, "cube")[2] < 0.03 and not grasped(env.robot, "cube", "right"), "the cube fell to the table"
+    assert stages[-1] == 0
+    np.testing.assert_array_equal(env.robot.model.geom_friction, friction)
+    assert all(env.step(hold)[4]["disturbance"] is None for _ in range(20)), "once per episode"
+    env.close()
+    clean.close()

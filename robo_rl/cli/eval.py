@@ -44,13 +44,13 @@ def run(cfg: DictConfig) -> int:
 
         predict = guided = value_guided(predict, cfg.critic, int(cfg.critic_samples), policy, task, chunking)
     summary = run_eval(policy, task, chunking, int(cfg.episodes), int(cfg.n_envs), int(cfg.seed), int(cfg.videos), out,
-                       cfg.inference_steps, cfg.max_steps, predict=predict, record=cfg.record)
+                       cfg.inference_steps, cfg.max_steps, predict=predict, record=cfg.record, disturb=bool(cfg.disturb))
     extra = {"critic": str(cfg.critic), **guided.stats()} if guided is not None else {}
     if cfg.record:
         extra["record"] = str(cfg.record)
     # --- end issue 7 ---
     result = write_eval(summary, out, checkpoint=str(path), step=int(ckpt.get("step", 0)), ema=bool(cfg.ema),
-                        chunking=chunking, inference_steps=cfg.inference_steps or policy.config.inference_steps, **extra)
+                        chunking=chunking, disturb=bool(cfg.disturb), inference_steps=cfg.inference_steps or policy.config.inference_steps, **extra)
     print_summary(summary, f"eval {task}: {policy.name} policy, step {result['step']}")
     if guided is not None:
         print(guided.describe())

@@ -41,6 +41,8 @@ def print_summary(summary: Any, title: str) -> None:
             ["95% Wilson interval", f"[{d['ci95_low']:.1%}, {d['ci95_high']:.1%}]"],
             ["mean episode length", f"{d['mean_length']:.0f} steps"]]
     rows += [[f"reached {name}", f"{share:.0%}"] for name, share in d["stage_reach"].items()]
+    if d["disturbed"]["episodes"]:
+        rows += [["success when disturbed", f"{d['disturbed']['successes']}/{d['disturbed']['episodes']} episodes"]]
     rows += [["wall time", f"{d['wall_s']:.0f} s"]]
     if d["videos"]:
         rows += [["videos", str(Path(d["videos"][0]).parent)]]

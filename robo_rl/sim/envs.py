@@ -34,7 +34,10 @@ class BimanualEnv(gym.Env):
         image_size: tuple[int, int] = (240, 320),
         render_mode: str | None = None,
         max_steps: int | None = None,
+        disturb: bool = False,
     ):
+        """`disturb`: the task's disturbances happen (PackCube: the carried cube may slip). On for
+        policy rollouts (eval, RaC); off for recording demos, which stay clean."""
         if obs_mode not in OBS_MODES:
             raise ConfigError(f"obs_mode {obs_mode!r} unknown; choose one of {OBS_MODES}")
         self.task = make_task(task)
@@ -57,6 +60,7 @@ class BimanualEnv(gym.Env):
             obs["images"] = spaces.Dict({c: spaces.Box(0, 255, (h, w, 3), np.uint8) for c in cameras})
         self.observation_space = spaces.Dict(obs)
         self._pixels = pixels
+        self.disturb = disturb and hasattr(self.task, "disturb")
         self._steps = 0
         self._max_stage = 0
 
@@ -74,17 +78,21 @@ class BimanualEnv(gym.Env):
         super().reset(seed=seed)
         self.robot.reset()
         self.task.reset(self.robot, self.np_random)
+        if self.disturb:
+            self.task.draw_disturbances(self.robot, self.np_random)
         self._steps = 0
         self._max_stage = 0
         return self._obs(), {"stage": 0, "success": False}
 
     def step(self, action: np.ndarray):
         executed = self.robot.act(action)
+        disturbance = self.task.disturb(self.robot) if self.disturb else None
         self._steps += 1
         stage = self.task.stage(self.robot)
         self._max_stage = max(self._max_stage, stage)
         success = stage == len(self.task.stage_names) - 1
-        info = {"stage": stage, "max_stage": self._max_stage, "success": success, "executed_action": executed}
+        info = {"stage": stage, "max_stage": self._max_stage, "success": success, "executed_action": executed,
+                "disturbance": disturbance}
         return self._obs(), float(success), success, self._steps >= self.max_steps, info
 
     def render(self) -> np.ndarray | None:

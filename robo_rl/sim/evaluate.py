@@ -17,7 +17,8 @@ from robo_rl.errors import ConfigError
 
 def run_eval(policy: Any, task: str, chunking: Mapping[str, Any], episodes: int, n_envs: int, seed: int,
              videos: int, out: Path | None, inference_steps: int | None = None, max_steps: int | None = None,
-             progress: bool = True, count_recoveries: bool = False, predict: Any = None, record: str | None = None):
+             progress: bool = True, count_recoveries: bool = False, predict: Any = None, record: str | None = None,
+             disturb: bool = True):
     from robo_rl.runtime.chunking import ChunkingConfig
     from robo_rl.sim.rollout import evaluate_policy
 
@@ -39,7 +40,7 @@ def run_eval(policy: Any, task: str, chunking: Mapping[str, Any], episodes: int,
     return evaluate_policy(predict, task, keys, cfg.n_obs, cfg.horizon, chunk_cfg,
                            episodes=episodes, n_envs=n_envs, seed=seed, image_size=image_size, videos=videos,
                            video_dir=out / "videos" if out is not None else None, max_steps=max_steps, progress=progress,
-                           count_recoveries=count_recoveries)
+                           count_recoveries=count_recoveries, disturb=disturb)
 
 
 def write_eval(summary: Any, out: Path, **extra: Any) -> dict[str, Any]:
@@ -59,7 +60,7 @@ def evaluate_with_recoveries(policy: Any, task: str, chunking: Mapping[str, Any]
         write_eval(summary, out)
     recoveries = [e.recoveries for e in summary.episodes]
     return {"success_rate": d["success_rate"], "ci95_low": d["ci95_low"], "ci95_high": d["ci95_high"],
-            "stage_reach": d["stage_reach"], "mean_length": d["mean_length"],
+            "stage_reach": d["stage_reach"], "mean_length": d["mean_length"], "disturbed": d["disturbed"],
             "mean_recoveries": sum(recoveries) / max(1, len(recoveries)),
             "success_within": [summary.success_within(k) for k in range(max_recoveries + 1)],
             "videos": d["videos"]}

@@ -96,6 +96,7 @@ def collect_interventions(
     make_operator: Callable[[BimanualEnv], Operator] | None = None,
     realtime: bool = False,
     on_tick: Callable[[BimanualEnv, InterventionController], None] | None = None,
+    disturb: bool = True,
 ) -> CollectStats:
     """Run `episodes` intervention rollouts (seeds seed, seed+1, ...) and append them to the store
     at `out` (created with the twin's demo schema if missing). With `max_operator_samples`, no new
@@ -104,13 +105,14 @@ def collect_interventions(
 
     A human operator: `make_operator(env)` builds each env's Operator (e.g. a TeleopOperator on a
     keyboard) instead of the simulated one, `realtime` paces the ticks at the robot's control
-    rate, and `on_tick(env, controller)` runs after each tick (a viewer's sync, a status line)."""
+    rate, and `on_tick(env, controller)` runs after each tick (a viewer's sync, a status line).
+    The rollouts meet the task's disturbances (`disturb`), as evaluation does."""
     if episodes < 1 or n_envs < 1:
         raise ConfigError(f"interventions: episodes and n_envs must be >= 1 (got {episodes}, {n_envs})")
     if any(k.startswith("obs/images/") for k in obs_keys):
         raise ConfigError("interventions: image policies are not supported in intervention rollouts yet; use state observations")
     n_envs = min(n_envs, episodes)
-    envs = [BimanualEnv(task, obs_mode="state") for _ in range(n_envs)]
+    envs = [BimanualEnv(task, obs_mode="state", disturb=disturb) for _ in range(n_envs)]
     schema = demo_schema(envs[0], [], (0, 0))
     store = EpisodeStore.open_or_create(out, schema)
     fps = envs[0].robot.spec.control_hz

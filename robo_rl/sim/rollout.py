@@ -51,6 +51,7 @@ class EpisodeResult:
     max_stage: int
     length: int
     recoveries: int = 0   # recovery manoeuvres the policy performed (count_recoveries=True)
+    disturbed: bool = False  # the task's disturbance struck (PackCube: the cube slipped)
 
 
 @dataclass
@@ -82,6 +83,11 @@ class EvalSummary:
         stages = np.array([e.max_stage for e in self.episodes])
         return {name: float((stages >= k).mean()) for k, name in enumerate(self.stage_names) if k > 0}
 
+    def disturbed(self) -> tuple[int, int]:
+        """(successes, episodes) among the episodes the task's disturbance struck."""
+        hit = [e for e in self.episodes if e.disturbed]
+        return sum(e.success for e in hit), len(hit)
+
     def success_within(self, max_recoveries: int) -> float:
         """Success rate had each episode been cut off at its (max_recoveries + 1)-th recovery
         manoeuvre: RaC's test-time scaling, success vs recoveries the policy may spend."""
@@ -92,7 +98,8 @@ class EvalSummary:
         lengths = [e.length for e in self.episodes]
         return {"task": self.task, "episodes": self.n, "successes": self.successes, "success_rate": self.success_rate,
                 "ci95_low": lo, "ci95_high": hi, "mean_length": float(np.mean(lengths)) if lengths else 0.0,
-                "stage_reach": self.stage_reach(), "wall_s": self.wall_s, "videos": self.videos,
+                "stage_reach": self.stage_reach(), "disturbed": dict(zip(("successes", "episodes"), self.disturbed())),
+                "wall_s": self.wall_s, "videos": self.videos,
                 "per_episode": [e.__dict__ for e in self.episodes]}
 
 
@@ -138,8 +145,10 @@ def evaluate_policy(
     stop_on_success: bool = True,
     count_recoveries: bool = False,
     recorder: EpisodeRecorder | None = None,
+    disturb: bool = True,
 ) -> EvalSummary:
-    """Run `episodes` episodes (seeds seed, seed+1, ...) on `n_envs` envs in lockstep."""
+    """Run `episodes` episodes (seeds seed, seed+1, ...) on `n_envs` envs in lockstep, with the
+    task's disturbances (`disturb`)."""
     if episodes < 1 or n_envs < 1:
         raise ConfigError(f"evaluate: episodes and n_envs must be >= 1 (got {episodes}, {n_envs})")
     cameras = [k[len(IMAGE_PREFIX):] for k in obs_keys if k.startswith(IMAGE_PREFIX)]
@@ -147,7 +156,7 @@ def evaluate_policy(
     n_envs = min(n_envs, episodes)
     size = tuple(image_size) if image_size else (240, 320)
     envs = [BimanualEnv(task, obs_mode=obs_mode, cameras=cameras or ("top",), image_size=size,
-                        render_mode="rgb_array" if (i == 0 and videos) else None, max_steps=max_steps)
+                        render_mode="rgb_array" if (i == 0 and videos) else None, max_steps=max_steps, disturb=disturb)
             for i in range(n_envs)]
     stage_names = envs[0].task.stage_names
     execs = [ChunkExecutor(chunking, horizon) for _ in envs]
@@ -157,6 +166,7 @@ def evaluate_policy(
     seeds = [0] * n_envs
     lengths = [0] * n_envs
     max_stage = [0] * n_envs
+    disturbed = [False] * n_envs
     frames: list[list[np.ndarray] | None] = [None] * n_envs
     results: list[EpisodeResult] = []
     video_paths: list[str] = []
@@ -176,7 +186,7 @@ def evaluate_policy(
         if counters:
             counters[i].reset()
         windows[i] = [_env_obs(obs, obs_keys)] * n_obs  # pad with the first frame, as the sampler does
-        lengths[i], max_stage[i], active[i] = 0, 0, True
+        lengths[i], max_stage[i], disturbed[i], active[i] = 0, 0, False, True
         if recorder is not None:
             recorder.begin(i, envs[i], obs, seeds[i])
         frames[i] = None
@@ -201,12 +211,13 @@ def evaluate_policy(
                     recorder.step(i, obs, info)
                 lengths[i] += 1
                 max_stage[i] = max(max_stage[i], int(info["max_stage"]))
+                disturbed[i] = disturbed[i] or info["disturbance"] is not None
                 windows[i] = windows[i][1:] + [_env_obs(obs, obs_keys)]
                 if frames[i] is not None:
                     frames[i].append(envs[i].render())
                 if (terminated and stop_on_success) or truncated:
                     results.append(EpisodeResult(seeds[i], bool(info["success"]), max_stage[i], lengths[i],
-                                                 counters[i].count if counters else 0))
+                                                 counters[i].count if counters else 0, disturbed[i]))
                     if recorder is not None:
                         recorder.end(i, bool(info["success"]), max_stage[i], lengths[i])
                     if frames[i] is not None and video_dir is not None:

@@ -38,6 +38,15 @@ class Task(Protocol):
     def grasp_targets(self, stage: int) -> list[tuple[str, str]]: ...
 
 
+class Disturbances(Protocol):
+    """Optional: a task whose world perturbs the robot during policy rollouts (envs made with
+    `disturb=True`), in ways clean demonstrations never show."""
+
+    def draw_disturbances(self, robot: SimRobot, rng: np.random.Generator) -> None: ...
+
+    def disturb(self, robot: SimRobot) -> str | None: ...  # after each control step; a name when one starts
+
+
 # ---------------------------------------------------------------------- helpers on the scene
 def body_pos(robot: SimRobot, name: str) -> np.ndarray:
     return robot.data.body(name).xpos.copy()
@@ -375,8 +384,21 @@ class PackCube:
     seat_dz: float = 0.024  # lid body above box body when seated
     seat_xy_tol: float = 0.005  # the skirt clears the walls by 4 mm a side: any lid down over them
     latch_q: float = -0.008
+    # Disturbance, in disturbed envs only (policy rollouts, not the recorded demos): in this share
+    # of episodes the cube slips out of the right gripper soon after lift-off, the first time it
+    # is held above a height drawn from `slip_height` (it rests at 0.02; stage 1 starts at 0.04),
+    # so it falls back to the table near where it was, not into the box. The slip is physical:
+    # cube and finger pads lose their friction for `slip_steps` control steps, the fingers
+    # squeeze it out, it falls.
+    slip_prob: float = 0.3
+    slip_height: tuple[float, float] = (0.045, 0.08)
+    slip_steps: int = 5
 
     def reset(self, robot: SimRobot, rng: np.random.Generator) -> None:
+        if getattr(self, "_slip_left", 0):  # reset in the middle of a slip: give the grip back
+            robot.model.geom_friction[self._slip_geoms] = self._friction
+        self._slip_above: float | None = None
+        self._slip_left = 0
         set_free_body(robot, "box", np.array([rng.uniform(*self.box_x), rng.uniform(*self.box_y), 0.03]), rng.uniform(*self.yaw_range))
         set_free_body(robot, "lid", np.array([rng.uniform(*self.lid_x), rng.uniform(*self.lid_y), 0.006]), rng.uniform(*self.yaw_range))
         set_free_body(robot, "cube", np.array([rng.uniform(*self.cube_x), rng.uniform(*self.cube_y), 0.02]), rng.uniform(*self.yaw_range))
@@ -385,6 +407,32 @@ class PackCube:
 
     def state(self, robot: SimRobot) -> np.ndarray:
         return object_state(robot, self.state_bodies, self.state_joints)
+
+    # -- the disturbance (see slip_prob)
+    def draw_disturbances(self, robot: SimRobot, rng: np.random.Generator) -> None:
+        """Drawn after the scene, from the same generator: a seed's scene is the same either way."""
+        slips = rng.random() < self.slip_prob
+        height = rng.uniform(*self.slip_height)
+        self._slip_above = height if slips else None
+
+    def disturb(self, robot: SimRobot) -> str | None:
+        m = robot.model
+        if not hasattr(self, "_slip_geoms"):
+            a, b = finger_geoms(robot, "right")
+            self._slip_geoms = sorted(geom_ids(robot, "cube")) + sorted(a | b)
+            self._friction = m.geom_friction[self._slip_geoms].copy()
+        if self._slip_left > 0:
+            self._slip_left -= 1
+            if self._slip_left == 0:
+                m.geom_friction[self._slip_geoms] = self._friction
+            return None
+        if (self._slip_above is not None and body_pos(robot, "cube")[2] > self._slip_above
+                and grasped(robot, "cube", "right")):
+            self._slip_above = None  # once per episode
+            m.geom_friction[self._slip_geoms] = 0.0
+            self._slip_left = self.slip_steps
+            return "cube slipped"
+        return None
 
     # -- predicates on the scene
     def _in_box_frame(self, robot: SimRobot, p: np.ndarray) -> np.ndarray:
