@@ -3,7 +3,11 @@
 # rollouts, 10k-step fine-tunes, 100 evaluation episodes per row) on a lent GPU machine that has
 # PyTorch but no package registry.
 #
-#   bash bench/gpu_demo.sh [SECONDS]
+#   bash bench/gpu_demo.sh [SECONDS] [demo overrides ...]      (default overrides: full=true)
+#
+# The fifth round's H200 row ran the CPU recipe scaled up instead of full=true:
+#   bash bench/gpu_demo.sh 470 small.pretrain_steps=20000 small.batch_size=256 small.rounds=2 \
+#       small.episodes_per_round=30 small.finetune_steps=3000 small.eval_episodes=100
 #
 # - Python packages the machine lacks come from `.whl/` (cp312 wheels downloaded beforehand,
 #   see bench/README.md), installed into /tmp/site.
@@ -14,6 +18,9 @@
 # - Results, stage timings and the learner's steps/s are copied to $OUT (or ./data/gpu-demo-out).
 set -u
 budget=${1:-540}
+shift || true
+overrides=("$@")
+[ ${#overrides[@]} -eq 0 ] && overrides=(full=true)
 out=${OUT:-data/gpu-demo-out}
 mkdir -p "$out"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -27,7 +34,7 @@ python3 -c "import torch, platform; print('torch', torch.__version__, torch.cuda
     | tee -a "$out/device.txt"
 resume=false
 [ -f data/gpu-demo/stages.json ] && resume=true
-timeout -s TERM "$budget" python3 -m robo_rl.cli.main demo full=true demos_from=data/gpu-demos out=data/gpu-demo \
+timeout -s TERM "$budget" python3 -m robo_rl.cli.main demo "${overrides[@]}" demos_from=data/gpu-demos out=data/gpu-demo \
     device=cuda n_envs=20 videos=0 resume=$resume 2>&1 | tee -a "$out/demo.log"
 for f in stages.json results.json before_after.png; do
     [ -f "data/gpu-demo/$f" ] && cp "data/gpu-demo/$f" "$out/"
