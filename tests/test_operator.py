@@ -99,8 +99,13 @@ def test_long_horizon_lid_knocked_off_is_corrected():
     rec = ctl.interventions[0]
     assert rec.stage <= 2 and rec.recovery_steps > 0
     assert ctl.done
-    # the correction completes the sub-task that was under way (placing), not just the re-lift
+    # the correction completes the sub-task that was under way (placing), not just the re-lift,
+    # and it is done only once the hand has let go of the seated lid: a correction that ended
+    # with the lid still held taught the policy to hold it on the box and never let go
     assert rec.ended == "sub-task done" and info["stage"] >= 4
+    from robo_rl.sim.tasks import grasped
+
+    assert not grasped(env.robot, "lid_handle", "left")
 
 
 def test_hg_dagger_hands_control_back_to_the_policy():

@@ -149,7 +149,7 @@ class SimOperator:
             return None
         if phase == Phase.CORRECTION and self._plan_phase == Phase.CORRECTION:
             dt = 1.0 / self.env.robot.spec.control_hz
-            if stage > self._stage_at_takeover:
+            if stage > self._stage_at_takeover and self._let_go(stage):
                 self._done_since = self._step if self._done_since is None else self._done_since
                 if (self._step - self._done_since) * dt >= self.cfg.done_hold_s:
                     return OperatorEvent(CORRECTION_DONE, "sub-task done")
@@ -172,6 +172,15 @@ class SimOperator:
                 self._plan = self.env.task.expert(self.env.robot, self.rng, self.cfg.expert_noise, start_command=last_command)
             self._plan_phase = phase
         return self._plan.act()
+
+    def _let_go(self, stage: int) -> bool:
+        """No hand still holds what the finished sub-task placed. A lid seated but still held is
+        not done: a correction that ended there taught the policy to hold the lid on the box and
+        never let go (a cube in the box is out of the hand by definition)."""
+        task, robot = self.env.task, self.env.robot
+        needed_now = set(task.grasp_targets(stage))
+        return not any(grasped(robot, geom, arm) for arm, geom in task.grasp_targets(self._stage_at_takeover)
+                       if (arm, geom) not in needed_now)
 
     # ------------------------------------------------------------------ detection
     def _working_stage(self, stage: int) -> int:
