@@ -174,13 +174,14 @@ class SimOperator:
         return self._plan.act()
 
     def _let_go(self, stage: int) -> bool:
-        """No hand still holds what the finished sub-task placed. A lid seated but still held is
-        not done: a correction that ended there taught the policy to hold the lid on the box and
-        never let go (a cube in the box is out of the hand by definition)."""
+        """No hand still holds what the finished sub-task placed, i.e. an object no arm needs in
+        the new stage. A lid seated but still held is not done: a correction that ended there
+        taught the policy to hold the lid on the box and never let go. A cube handed to the other
+        arm is still needed, so a hand-over is done with both hands on it."""
         task, robot = self.env.task, self.env.robot
-        needed_now = set(task.grasp_targets(stage))
+        needed_now = {geom for _, geom in task.grasp_targets(stage)}
         return not any(grasped(robot, geom, arm) for arm, geom in task.grasp_targets(self._stage_at_takeover)
-                       if (arm, geom) not in needed_now)
+                       if geom not in needed_now)
 
     # ------------------------------------------------------------------ detection
     def _working_stage(self, stage: int) -> int:
