@@ -30,7 +30,6 @@ from robo_rl.cli.app import run_app
 from robo_rl.cli.tables import print_table
 from robo_rl.errors import ConfigError
 
-DISTURBANCE = {"pack_cube": "cube slipped"}
 FULL = {"demos": 200, "pretrain_steps": 30000, "batch_size": 256, "rounds": 3, "episodes_per_round": 20,
         "finetune_steps": 10000, "eval_episodes": 100}
 
@@ -321,7 +320,7 @@ def print_rows(rows: dict[str, dict[str, Any]], task: str, episodes: int, sample
                                          for d in rows.values())]]
     table += [[f"reached {k}", *(f"{d['stage_reach'][k]:.0%}" for d in rows.values())] for k in first["stage_reach"]]
     if first.get("disturbed", {}).get("episodes"):
-        table += [[f"success when the {DISTURBANCE.get(task, 'disturbance')}", *(
+        table += [["success when disturbed", *(
             f"{d['disturbed']['successes']}/{d['disturbed']['episodes']}" for d in rows.values())]]
     table += [["recovery manoeuvres / episode", *(f"{d['mean_recoveries']:.2f}" for d in rows.values())],
               ["mean episode length", *(f"{d['mean_length']:.0f}" for d in rows.values())]]

@@ -148,7 +148,7 @@ class RolloutRecorder:
 
 def record_rollouts(predict: PredictFn, task: str, obs_keys: Sequence[str], n_obs: int, horizon: int,
                     chunking: ChunkingConfig, out: str | Path, episodes: int = 100, n_envs: int = 10,
-                    seed: int = 100_000, image_size: tuple[int, int] | None = None, max_steps: int | None = None,
+                    seed: int = 100_000, image_size: tuple[int, int] | None = None, max_steps: int | None = None, disturb: bool = True,
                     progress: bool = True, meta_extra: Mapping[str, object] | None = None) -> EvalSummary:
     """Roll the policy out with `evaluate_policy` (same seeds, same chunking) and append every
     episode to the store at `out` (created if missing; an existing one must hold the same keys)."""
@@ -157,6 +157,7 @@ def record_rollouts(predict: PredictFn, task: str, obs_keys: Sequence[str], n_ob
     recorder = RolloutRecorder(out, task, cameras, size, meta_extra)
     try:
         return evaluate_policy(predict, task, obs_keys, n_obs, horizon, chunking, episodes=episodes, n_envs=n_envs,
-                               seed=seed, image_size=size, max_steps=max_steps, progress=progress, recorder=recorder)
+                               seed=seed, image_size=size, max_steps=max_steps, progress=progress, recorder=recorder,
+                               disturb=disturb)
     finally:
         recorder.close()

@@ -36,7 +36,8 @@ def run_eval(policy: Any, task: str, chunking: Mapping[str, Any], episodes: int,
         from robo_rl.sim.critic_data import record_rollouts
 
         return record_rollouts(predict, task, keys, cfg.n_obs, cfg.horizon, chunk_cfg, record, episodes=episodes,
-                               n_envs=n_envs, seed=seed, image_size=image_size, max_steps=max_steps, progress=progress)
+                               n_envs=n_envs, seed=seed, image_size=image_size, max_steps=max_steps, progress=progress,
+                               disturb=disturb)
     return evaluate_policy(predict, task, keys, cfg.n_obs, cfg.horizon, chunk_cfg,
                            episodes=episodes, n_envs=n_envs, seed=seed, image_size=image_size, videos=videos,
                            video_dir=out / "videos" if out is not None else None, max_steps=max_steps, progress=progress,

@@ -395,8 +395,11 @@ class PackCube:
     slip_steps: int = 5
 
     def reset(self, robot: SimRobot, rng: np.random.Generator) -> None:
-        if getattr(self, "_slip_left", 0):  # reset in the middle of a slip: give the grip back
-            robot.model.geom_friction[self._slip_geoms] = self._friction
+        if not hasattr(self, "_slip_geoms"):  # cube and right finger pads, with their friction
+            a, b = finger_geoms(robot, "right")
+            self._slip_geoms = sorted(geom_ids(robot, "cube")) + sorted(a | b)
+            self._friction = robot.model.geom_friction[self._slip_geoms].copy()
+        robot.model.geom_friction[self._slip_geoms] = self._friction  # a reset in the middle of a slip gives the grip back
         self._slip_above: float | None = None
         self._slip_left = 0
         set_free_body(robot, "box", np.array([rng.uniform(*self.box_x), rng.uniform(*self.box_y), 0.03]), rng.uniform(*self.yaw_range))
@@ -417,10 +420,6 @@ class PackCube:
 
     def disturb(self, robot: SimRobot) -> str | None:
         m = robot.model
-        if not hasattr(self, "_slip_geoms"):
-            a, b = finger_geoms(robot, "right")
-            self._slip_geoms = sorted(geom_ids(robot, "cube")) + sorted(a | b)
-            self._friction = m.geom_friction[self._slip_geoms].copy()
         if self._slip_left > 0:
             self._slip_left -= 1
             if self._slip_left == 0:

@@ -20,6 +20,8 @@ from torch import nn
 
 from robo_rl.policies.nets.unet1d import time_mlp
 
+TIME_DIM = 128  # a scalar needs no 512-wide embedding
+
 
 class MLPBlock(nn.Module):
     def __init__(self, width: int, cond_width: int, expansion: int):
@@ -39,13 +41,13 @@ class MLPChunk(nn.Module):
     def __init__(self, action_dim: int, cond_dim: int, horizon: int, width: int = 512, depth: int = 3, expansion: int = 2):
         super().__init__()
         self.horizon, self.action_dim = horizon, action_dim
-        self.time_emb = time_mlp(128)  # a scalar needs no 512-wide embedding
-        self.cond = nn.Sequential(nn.Linear(cond_dim + 128, width), nn.SiLU())
+        self.time_emb = time_mlp(TIME_DIM)
+        self.cond = nn.Sequential(nn.Linear(cond_dim + TIME_DIM, width), nn.SiLU())
         self.inp = nn.Linear(horizon * action_dim, width)
         self.blocks = nn.ModuleList([MLPBlock(width, width, expansion) for _ in range(depth)])
         self.norm = nn.LayerNorm(width, elementwise_affine=False, eps=1e-6)
         self.out = nn.Linear(width, horizon * action_dim)
-        self.skip = nn.Linear(128, 1)
+        self.skip = nn.Linear(TIME_DIM, 1)
         for layer in (self.out, self.skip):
             nn.init.zeros_(layer.weight)
             nn.init.zeros_(layer.bias)
