@@ -432,6 +432,8 @@ def test_commands_reject_bad_input_in_one_line(tmp_path):
     bad.write_bytes(b"not a checkpoint")
     r = _cli("eval", f"checkpoint={bad}")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    r = _cli("eval", f"checkpoint={bad}", "disturb=maybe")
+    assert r.returncode == 2 and "disturb='maybe'" in r.stderr and "Traceback" not in r.stderr, r.stderr
     r = _cli("train", "task=fold_laundry")
     assert r.returncode == 2 and "unknown" in r.stderr
 

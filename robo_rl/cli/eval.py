@@ -24,6 +24,8 @@ def run(cfg: DictConfig) -> int:
 
     if not cfg.checkpoint:
         raise ConfigError("eval: pass checkpoint=PATH (a checkpoint written by robo-rl train)")
+    if not isinstance(cfg.disturb, bool):
+        raise ConfigError(f"eval: disturb={cfg.disturb!r}; choose true or false")
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     path = Path(cfg.checkpoint)
