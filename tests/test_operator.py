@@ -108,6 +108,27 @@ def test_long_horizon_lid_knocked_off_is_corrected():
     assert not grasped(env.robot, "lid_handle", "left")
 
 
+def test_a_lid_tilted_on_the_rim_in_hand_is_lifted_back_up_not_let_go():
+    """PackCube: the policy lowers the lid off to one side, so it tilts on the rim with one finger
+    still on the handle. The recovery keeps the lid (closes and lifts it back up) and the
+    correction seats it; opening there taught policies to let go of lids they were lowering."""
+    from robo_rl.sim.tasks import body_pos, grasped
+
+    def lower_off_target(env, a, k):
+        if env.task.stage(env.robot) == 3 and body_pos(env.robot, "lid")[2] < 0.1:
+            a = a.copy()
+            a[1] -= 0.2  # left shoulder: the lid comes down beside the box's centre
+        return a
+
+    env, ctl, labels, actions, info = run("pack_cube", lower_off_target, seed=2, steps=1500)
+    rec = ctl.interventions[0]
+    assert "regressed" in rec.reason and rec.recovery_steps > 0, rec
+    recovery = np.array([label == Segment.RECOVERY for label in labels])
+    assert actions[recovery, 6].max() < 0.5  # the left gripper never opened during the recovery
+    assert rec.ended == "sub-task done" and info["stage"] >= 4
+    assert not grasped(env.robot, "lid_handle", "left")
+
+
 def test_hg_dagger_hands_control_back_to_the_policy():
     """The baseline: after the correction the policy drives again (POLICY steps follow the
     intervention), and a second failure is taken over again."""

@@ -92,6 +92,26 @@ def test_normaliser_round_trip_and_state_dict_carries_stats(tmp_path):
     assert torch.equal(rebuilt.body.action_norm.scale, policy.body.action_norm.scale)
 
 
+def test_retraining_from_scratch_keeps_only_the_normalisation(tmp_path):
+    """RaC's retrain (robo_rl.rac.finetune.fresh_like): the same architecture with fresh weights,
+    seeded, and the trained policy's normalisation, so intervention stores scale as the demos did."""
+    from robo_rl.policies.common import TensorNormalizer
+    from robo_rl.rac.finetune import fresh_like
+
+    _, trained, _ = tiny_setup(tmp_path, "flow", TINY_MLP)
+    with torch.no_grad():
+        for p in trained.parameters():
+            p.add_(1.0)  # stands in for training
+    fresh, again = fresh_like(trained, seed=3), fresh_like(trained, seed=3)
+    mine, theirs = fresh.state_dict(), trained.state_dict()
+    assert mine.keys() == theirs.keys()
+    norm_keys = {f"{name}.{b}" for name, m in fresh.named_modules() if isinstance(m, TensorNormalizer) for b in ("offset", "scale")}
+    assert norm_keys and all(torch.equal(mine[k], theirs[k]) for k in norm_keys)
+    assert not any(torch.equal(mine[k], theirs[k]) for k in mine if k not in norm_keys and theirs[k].dtype.is_floating_point
+                   and theirs[k].numel() > 1 and k.endswith("weight"))
+    assert all(torch.equal(v, again.state_dict()[k]) for k, v in mine.items())  # seeded
+
+
 def test_observation_span_floor_keeps_still_dims_from_blowing_up():
     """A dimension that barely moved in the demos (span 0.003) must not be scaled by ~700: with the
     floor, a 0.01 deviation at run time stays a small normalised input."""

@@ -266,7 +266,8 @@ def test_a_tiny_rac_round_end_to_end(tmp_path):
 @pytest.mark.slow  # ~80 s; `make demo` runs the same story, and test_a_tiny_rac_round_end_to_end covers its parts
 def test_the_demo_runs_the_whole_story_at_toy_size(tmp_path):
     """make demo's command at toy sizes: every stage runs and leaves its files; the table has the
-    three rows (pre-trained, the no-new-data control, after RaC) on the same seeds."""
+    three rows (pre-trained, the no-new-data control, after RaC) on the same seeds. With
+    from_scratch=false the control is fine-tuned on the demos alone from the pre-trained weights."""
     out = tmp_path / "demo"
     r = _cli("demo", "small.demos=2", "small.pretrain_steps=10", "small.episodes_per_round=2", "small.finetune_steps=5",
              "small.eval_episodes=2", "n_envs=2", "threads=1", f"out={out}")
@@ -276,21 +277,32 @@ def test_the_demo_runs_the_whole_story_at_toy_size(tmp_path):
     res = json.loads((out / "results.json").read_text())
     assert res["recording"]["episodes"] == 2 and res["rounds"][0]["collect"]["episodes"] == 2
     seeds = {k: [e["seed"] for e in json.loads((out / f"eval-{k}" / "eval.json").read_text())["per_episode"]]
-             for k in ("pretrained", "control", "after-rac")}
-    assert seeds["pretrained"] == seeds["control"] == seeds["after-rac"]
+             for k in ("pretrained", "after-rac")}
+    assert seeds["pretrained"] == seeds["after-rac"]
     assert set(res["verdict"]) >= {"vs_pretrained", "vs_control", "control_vs_pretrained_points", "line"}
     assert (out / "before_after.png").stat().st_size > 1000
-    for k in ("pretrained", "control", "after-rac"):
+    for k in ("pretrained", "after-rac"):
         assert list((out / f"eval-{k}" / "videos").glob("*.mp4")), k
     assert EpisodeStore.open(out / "interventions" / "round1").n_episodes == 2
-    # the control fine-tuned from the pre-trained checkpoint on the demos alone, RaC on both
+    # RaC retrained from scratch on demos + interventions for the pre-training's steps; the control
+    # (the same on the demos alone) is the pre-training itself, not trained twice
     from robo_rl.policies import read_checkpoint
 
-    assert read_checkpoint(out / "control" / "checkpoints" / "last.pt")["finetune"]["stores"] == [str(out / "demos")]
-    assert read_checkpoint(out / "rac-round1" / "checkpoints" / "last.pt")["finetune"]["stores"] == \
-        [str(out / "demos"), str(out / "interventions" / "round1")]
+    rac = read_checkpoint(out / "rac-round1" / "checkpoints" / "last.pt")
+    assert rac["finetune"]["stores"] == [str(out / "demos"), str(out / "interventions" / "round1")]
+    assert rac["step"] == 10
+    assert res["control_is_pretraining"] and res["control"] == res["before"] and not (out / "control").exists()
     r = _cli("demo", "small.demos=0", f"out={out}")
     assert r.returncode == 2 and r.stderr.startswith("error:")
+    out2 = tmp_path / "demo-finetune"
+    r = _cli("demo", "small.demos=2", "small.pretrain_steps=10", "small.episodes_per_round=2", "small.finetune_steps=5",
+             "small.eval_episodes=2", "n_envs=2", "threads=1", "videos=0", "from_scratch=false", f"out={out2}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert read_checkpoint(out2 / "control" / "checkpoints" / "last.pt")["finetune"]["stores"] == [str(out2 / "demos")]
+    assert read_checkpoint(out2 / "rac-round1" / "checkpoints" / "last.pt")["step"] == 5
+    seeds = {k: [e["seed"] for e in json.loads((out2 / f"eval-{k}" / "eval.json").read_text())["per_episode"]]
+             for k in ("pretrained", "control", "after-rac")}
+    assert seeds["pretrained"] == seeds["control"] == seeds["after-rac"]
 
 
 @pytest.mark.slow  # ~2 min: the toy demo twice

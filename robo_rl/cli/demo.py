@@ -5,9 +5,11 @@
 2. pre-train a flow action-chunk policy on them and evaluate it in the twin;
 3. RaC: the policy drives, the simulated operator takes over when failure looks imminent
    (recovery, then correction, then the episode ends); every step is labelled;
-4. fine-tune from the pre-trained checkpoint on demos + recovery and correction data;
-5. the control: the same fine-tuning from the same checkpoint on the demos alone (no new data),
-   so that what RaC gains over it is the data's and not the extra training steps';
+4. train on demos + recovery and correction data: by default retrained from fresh weights with
+   the pre-training's recipe (`from_scratch`; robo_rl/rac/finetune.py says why), or fine-tuned
+   from the pre-trained checkpoint;
+5. the control: the same training on the demos alone (no new data), so that what RaC gains over
+   it is the data's and not the extra training's;
 6. evaluate both on the pre-trained policy's seeds: a three-row table (pre-trained, control,
    after RaC) with 95% Wilson intervals, a plot and a rollout video of each under `out`.
 
@@ -147,9 +149,12 @@ def run(cfg: DictConfig) -> int:
     print(f"   evaluate the pre-trained policy on {s['eval_episodes']} episodes")
     before = stages.run("2 evaluate pre-trained", lambda: evaluate(base, "pretrained"))
 
-    # 3-4. RaC rounds with the simulated operator; each fine-tunes from the pre-trained checkpoint on
+    # 3-4. RaC rounds with the simulated operator; each trains (from fresh weights, or from the pre-trained checkpoint) on
     # the demos plus every intervention so far, and the next round's rollouts use that policy
-    ft = learner(int(s["finetune_steps"]), float(s["finetune_lr"]), 100, weighted_sampling=True, loss_weights=False)
+    from_scratch = bool(cfg.from_scratch)
+    ft = (learner(int(s["pretrain_steps"]), float(s["lr"]), 300, weighted_sampling=True, loss_weights=False) if from_scratch
+          else learner(int(s["finetune_steps"]), float(s["finetune_lr"]), 100, weighted_sampling=True, loss_weights=False))
+    how = "retrain from fresh weights" if from_scratch else "fine-tune"
     composition = CompositionConfig(**(OmegaConf.to_container(cfg.composition, resolve=True) or {}))
     policy_now, total_samples, rounds, round_stores = base, 0, [], []
     for r in range(1, int(s["rounds"]) + 1):
@@ -166,30 +171,37 @@ def run(cfg: DictConfig) -> int:
 
         st = stages.run(f"3 RaC rollouts, round {r}", collect)
         total_samples += st["operator_samples"]
-        print(f"4/6 fine-tune round {r}: demos + {st['steps']['RECOVERY']} recovery and {st['steps']['CORRECTION']} "
+        print(f"4/6 {how}, round {r}: demos + {st['steps']['RECOVERY']} recovery and {st['steps']['CORRECTION']} "
               f"correction steps from {st['interventions']} interventions, {ft.steps} steps")
         stages.run(f"4 fine-tune, round {r}", lambda: finetune_stage(
-            ckpt, [(demos, n_demos)], list(round_stores), composition, ft, out / f"rac-round{r}", cfg.resume))
+            ckpt, [(demos, n_demos)], list(round_stores), composition, ft, out / f"rac-round{r}", cfg.resume, from_scratch))
         policy_now = policy_at(out / f"rac-round{r}")
         rounds.append({"round": r, "collect": st, "operator_samples": total_samples})
 
-    # 5. the control: the same fine-tuning from the same checkpoint on the demos alone. What it
-    # gains over the pre-trained policy is the extra training; what RaC gains over it is the data's.
-    print(f"5/6 control: fine-tune on the demos alone, no new data, {ft.steps} steps")
-    stages.run("5 fine-tune, control", lambda: finetune_stage(
-        ckpt, [(demos, n_demos)], [], composition, ft, out / "control", cfg.resume))
-    control = policy_at(out / "control")
+    # 5. the control: the same training on the demos alone. What it gains over the pre-trained
+    # policy is the extra training's; what RaC gains over it is the data's. Retrained from scratch,
+    # the same recipe, steps and seed on the demos alone is the pre-training itself: its row is the
+    # pre-trained policy's (a retrain with another seed gave 32% against 33%, README).
+    if from_scratch:
+        print("5/6 control: retraining on the demos alone is the pre-training itself (same recipe, steps and seed)")
+    else:
+        print(f"5/6 control: {how} on the demos alone, no new data, {ft.steps} steps")
+        stages.run("5 fine-tune, control", lambda: finetune_stage(
+            ckpt, [(demos, n_demos)], [], composition, ft, out / "control", cfg.resume, from_scratch))
+        control = policy_at(out / "control")
 
-    # 6. evaluate both on the same seeds as the pre-trained policy
-    print(f"6/6 evaluate after RaC and the control on the same {s['eval_episodes']} episodes")
+    # 6. evaluate on the same seeds as the pre-trained policy
+    print(f"6/6 evaluate after RaC{'' if from_scratch else ' and the control'} on the same {s['eval_episodes']} episodes")
     after = stages.run("6 evaluate after RaC", lambda: evaluate(policy_now, "after-rac"))
-    ctrl = stages.run("6 evaluate control", lambda: evaluate(control, "control"))
-    rows = {"pre-trained": before, "control (no new data)": ctrl, "after RaC": after}
+    ctrl = before if from_scratch else stages.run("6 evaluate control", lambda: evaluate(control, "control"))
+    rows = {"pre-trained": before, "control (= the pre-training)" if from_scratch else "control (no new data)": ctrl,
+            "after RaC": after}
     plot = write_rows_plot(rows, cfg.task, out / "before_after.png")
     verdict = gain_verdict(before, ctrl, after)
     timings = stages.timings
     result = {"task": cfg.task, "sizes": s, "policy": policy_opts, "device": device, "recording": rec,
-              "before": before, "control": ctrl, "after": after, "verdict": verdict, "rounds": rounds,
+              "before": before, "control": ctrl, "control_is_pretraining": from_scratch, "after": after,
+              "verdict": verdict, "rounds": rounds,
               "operator_samples": total_samples, "timings_s": timings, "wall_s": sum(timings.values()),
               "resumed": stages.resumed}
     (out / "results.json").write_text(json.dumps(result, indent=1))
@@ -281,10 +293,11 @@ def set_aside(store: Path) -> None:
 
 
 def finetune_stage(ckpt: Any, demos: list, interventions: list, composition: Any, learner: Any, run_dir: Path,
-                   resume: bool) -> dict[str, Any]:
+                   resume: bool, from_scratch: bool) -> dict[str, Any]:
     from robo_rl.rac.finetune import finetune
 
-    _, result = finetune(ckpt, demos, interventions, composition, learner, run_dir, resume=bool(resume))
+    _, result = finetune(ckpt, demos, interventions, composition, learner, run_dir, resume=bool(resume),
+                         from_scratch=from_scratch)
     return trained(result)
 
 

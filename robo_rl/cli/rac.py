@@ -141,7 +141,8 @@ def run_rounds(cfg: DictConfig, ckpt: dict[str, Any], task: str, demos: str, n_d
             comp = CompositionConfig(**{**comp_opts, "mode": comp_opts.get("mode") or OWN_COMPOSITION[method]})
             demo_sources = [(demos, n_demos)] + ([(data, None)] if method == "demos" else [])
             policy, fit = finetune(ckpt, demo_sources, [] if method in ("demos", "no_new_data") else [data], comp, learner_cfg,
-                                   out / method / f"round{r}", extra={"rac": {"method": method, "round": r}})
+                                   out / method / f"round{r}", extra={"rac": {"method": method, "round": r}},
+                                   from_scratch=bool(cfg.from_scratch))
             ev = evaluate(policy, task, chunking, cfg, out / method / f"round{r}" / "eval",
                           videos=2 if r == int(cfg.rounds) else 0)
             row = {"method": method, "round": r, "episodes": total.episodes, "operator_samples": total.operator_samples,

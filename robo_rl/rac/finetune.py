@@ -5,6 +5,13 @@ intervention data is scaled exactly as the demos were), builds one window sample
 weighs every step by the data composition (robo_rl.rac.mixing) and trains with the same Learner
 as pre-training. By default windows are *drawn* in proportion to their weights, so a
 composition's shares are the batch fractions and masked steps are never drawn.
+
+`from_scratch=True` retrains instead: fresh weights (seeded by the learner's seed; only the
+checkpoint's normalisation is kept) trained on the same union. A few dozen recoveries are rare
+states among the demos' 50,000 steps, and a short fine-tune from the converged weights fits them
+poorly (on PackCube its chunks at the takeover states stayed 3x further from the operator's than
+a retrained policy's) while it costs the demos' behaviour points; a retrain with the pre-training's
+recipe fits both. Its control (the demos alone) is then a pre-training with the learner's seed.
 """
 
 from __future__ import annotations
@@ -14,13 +21,15 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
+import torch
 
 from robo_rl.data.sampler import WindowSampler
 from robo_rl.data.store import EpisodeStore
 from robo_rl.errors import ConfigError
 from robo_rl.learn import Learner, LearnerConfig
 from robo_rl.learn.learner import resolve_device
-from robo_rl.policies import checkpoint_info, load_policy
+from robo_rl.policies import checkpoint_info, load_policy, make_policy
+from robo_rl.policies.common import TensorNormalizer
 from robo_rl.rac.mixing import CompositionConfig, MixedSampler, composition_weights
 
 
@@ -28,14 +37,17 @@ def finetune(checkpoint: Mapping[str, Any], demos: Sequence[tuple[str | Path, in
              interventions: Sequence[str | Path], composition: CompositionConfig, learner: LearnerConfig,
              run_dir: str | Path, evaluate: Callable[[Any, int], Mapping[str, Any]] | None = None,
              progress: bool = True, extra: Mapping[str, Any] | None = None,
-             resume: bool = False) -> tuple[Any, dict[str, Any]]:
+             resume: bool = False, from_scratch: bool = False) -> tuple[Any, dict[str, Any]]:
     """`demos`: (store, first n episodes or None for all) pairs, the pre-training demos first;
     `interventions`: stores of intervention rollouts. `resume`: go on from `run_dir`'s last
-    checkpoint if it has one. Returns (the EMA policy, the Learner's result)."""
+    checkpoint if it has one. `from_scratch`: fresh weights (see the module docstring).
+    Returns (the EMA policy, the Learner's result)."""
     obs_keys = list(checkpoint.get("obs_keys") or [])
     if not obs_keys:
         raise ConfigError("finetune: the checkpoint does not list its observation keys (was it written by robo-rl train?)")
     policy = load_policy(checkpoint, ema=True, device="cpu").train()
+    if from_scratch:
+        policy = fresh_like(policy, learner.seed)
     cfg = policy.config
     device = resolve_device(learner.device)
     sources, samplers = [], []
@@ -64,3 +76,14 @@ def finetune(checkpoint: Mapping[str, Any], demos: Sequence[tuple[str | Path, in
         trainer.resume_from_last()
     result = trainer.fit()
     return trainer.ema.eval(), result
+
+
+def fresh_like(policy: Any, seed: int) -> Any:
+    """A freshly initialised policy of the same architecture, with `policy`'s normalisation
+    buffers (the demos' statistics, so every store is scaled as before)."""
+    torch.manual_seed(seed)
+    fresh = make_policy(policy.name, policy.config.to_dict(), policy.shapes)
+    for mine, theirs in zip(fresh.modules(), policy.modules()):
+        if isinstance(mine, TensorNormalizer):
+            mine.load_state_dict(theirs.state_dict())
+    return fresh.train()

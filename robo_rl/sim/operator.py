@@ -16,7 +16,8 @@ It watches with privileged state and takes over when failure looks imminent:
 Then it follows the RaC rules:
 1. RECOVERY: back to a familiar, in-distribution state for the sub-task already attempted: open
    grippers that hold nothing useful, lift away, return to the sub-task's pre-grasp pose (the
-   first pose the demos' expert goes to for this stage). Only when the scene has gone wrong (a
+   first pose the demos' expert goes to for this stage). A hand still on the sub-task's object
+   (a lid that tilted on the rim while being lowered) closes on it and lifts it back up instead. Only when the scene has gone wrong (a
    sub-task came undone, a grasp closed on air). After a stall nothing is out of place: the
    policy holds a pose the demos pass through (most often the cube lowered into the box, the
    gripper never opening), so the state is already familiar and a recovery would carry the cube
@@ -45,7 +46,7 @@ import numpy as np
 from robo_rl.rac.intervention import (CORRECTION_DONE, PLAN_FINISHED, RECOVERY_DONE, TAKE_OVER, TIMEOUT, OperatorEvent,
                                       Phase)
 from robo_rl.sim.expert import ExpertNoise, Pose, ScriptedExpert, Segment, grip_index
-from robo_rl.sim.tasks import grasped
+from robo_rl.sim.tasks import grasped, touching_any_finger
 
 
 @dataclass
@@ -216,12 +217,22 @@ class SimOperator:
         """Open what holds nothing useful, lift away, go to the sub-task's pre-grasp pose."""
         env, robot = self.env, self.env.robot
         holding = {arm for arm, geom in env.task.grasp_targets(stage) if grasped(robot, geom, arm)}
+        # After a regression, a hand still on the sub-task's object with one finger (a lid being
+        # lowered that tilted on the rim) keeps it: it closes, lifts it back up and holds it there
+        # for the correction to place again. Opening there and backing away taught the policy to
+        # let go of lids it was lowering (PackCube: 24% after RaC with those corrections, 50%
+        # without them).
+        kept = {arm for arm, geom in env.task.grasp_targets(stage)
+                if self._regressed and touching_any_finger(robot, geom, arm)} - holding
+        holding |= kept
         reference: dict[str, Segment | None] = {}
 
         def pregrasp(arm: str):
             """Where the demos' expert goes first for this stage, planned when recovery gets there
             (a dropped object may still be falling at takeover)."""
             def target() -> Pose | None:
+                if arm in kept:
+                    return None  # hold the lifted object where it is
                 if "first" not in reference:
                     plan = env.task.expert(robot, self.rng, ExpertNoise.none())
                     reference["first"] = plan.segments[0] if plan.segments else None
