@@ -173,7 +173,7 @@ def run(cfg: DictConfig) -> int:
         total_samples += st["operator_samples"]
         print(f"4/6 {how}, round {r}: demos + {st['steps']['RECOVERY']} recovery and {st['steps']['CORRECTION']} "
               f"correction steps from {st['interventions']} interventions, {ft.steps} steps")
-        stages.run(f"4 fine-tune, round {r}", lambda: finetune_stage(
+        stages.run(f"4 {'retrain' if from_scratch else 'fine-tune'}, round {r}", lambda: finetune_stage(
             ckpt, [(demos, n_demos)], list(round_stores), composition, ft, out / f"rac-round{r}", cfg.resume, from_scratch))
         policy_now = policy_at(out / f"rac-round{r}")
         rounds.append({"round": r, "collect": st, "operator_samples": total_samples})
@@ -210,7 +210,7 @@ def run(cfg: DictConfig) -> int:
     print_table("time", ["step", "seconds"], [[k + (" (an earlier run)" if k in stages.resumed else ""), f"{v:.0f}"]
                                               for k, v in timings.items()] +
                 [["total", f"{sum(timings.values()):.0f}"], ["this run", f"{time.perf_counter() - t_start:.0f}"]])
-    videos = [v for d in rows.values() for v in d["videos"][:1]]
+    videos = list(dict.fromkeys(v for d in rows.values() for v in d["videos"][:1]))  # the reused control adds none
     print(f"\nresults: {out / 'results.json'}   plot: {plot}   videos: {', '.join(videos) or 'none'}")
     return 0
 
