@@ -110,8 +110,8 @@ def test_long_horizon_lid_knocked_off_is_corrected():
 
 def test_a_lid_tilted_on_the_rim_in_hand_is_lifted_back_up_not_let_go():
     """PackCube: the policy lowers the lid off to one side, so it tilts on the rim with one finger
-    still on the handle. The recovery keeps the lid (closes and lifts it back up) and the
-    correction seats it; opening there taught policies to let go of lids they were lowering."""
+    still on the handle. The recovery keeps the lid (closes and lifts it back up) instead of
+    letting go and backing away, and the correction seats it."""
     from robo_rl.sim.tasks import body_pos, grasped
 
     def lower_off_target(env, a, k):

@@ -17,8 +17,8 @@ Then it follows the RaC rules:
 1. RECOVERY: back to a familiar, in-distribution state for the sub-task already attempted: open
    grippers that hold nothing useful, lift away, return to the sub-task's pre-grasp pose (the
    first pose the demos' expert goes to for this stage). A hand still on the sub-task's object
-   (a lid that tilted on the rim while being lowered) closes on it and lifts it back up instead. Only when the scene has gone wrong (a
-   sub-task came undone, a grasp closed on air). After a stall nothing is out of place: the
+   (a lid that tilted on the rim while being lowered) closes on it and lifts it back up instead.
+   Only when the scene has gone wrong (a sub-task came undone, a grasp closed on air). After a stall nothing is out of place: the
    policy holds a pose the demos pass through (most often the cube lowered into the box, the
    gripper never opening), so the state is already familiar and a recovery would carry the cube
    back out, one release away from done. There the operator corrects at once
@@ -219,9 +219,9 @@ class SimOperator:
         holding = {arm for arm, geom in env.task.grasp_targets(stage) if grasped(robot, geom, arm)}
         # After a regression, a hand still on the sub-task's object with one finger (a lid being
         # lowered that tilted on the rim) keeps it: it closes, lifts it back up and holds it there
-        # for the correction to place again. Opening there and backing away taught the policy to
-        # let go of lids it was lowering (PackCube: 24% after RaC with those corrections, 50%
-        # without them).
+        # for the correction to place again, as a person would, instead of letting go and backing
+        # away. (On PackCube, rounds with these lid corrections trained to 24-38% against 50%
+        # without them; keeping the lid gave 24-32%: not the fix, README "sixth round".)
         kept = {arm for arm, geom in env.task.grasp_targets(stage)
                 if self._regressed and touching_any_finger(robot, geom, arm)} - holding
         holding |= kept
