@@ -149,12 +149,12 @@ def run(cfg: DictConfig) -> int:
     print(f"   evaluate the pre-trained policy on {s['eval_episodes']} episodes")
     before = stages.run("2 evaluate pre-trained", lambda: evaluate(base, "pretrained"))
 
-    # 3-4. RaC rounds with the simulated operator; each trains (from fresh weights, or from the pre-trained checkpoint) on
-    # the demos plus every intervention so far, and the next round's rollouts use that policy
+    # 3-4. RaC rounds with the simulated operator; each retrains from fresh weights (or fine-tunes the
+    # pre-trained checkpoint) on the demos plus every intervention so far; the next round uses that policy
     from_scratch = bool(cfg.from_scratch)
-    ft = (learner(int(s["pretrain_steps"]), float(s["lr"]), 300, weighted_sampling=True, loss_weights=False) if from_scratch
-          else learner(int(s["finetune_steps"]), float(s["finetune_lr"]), 100, weighted_sampling=True, loss_weights=False))
-    how = "retrain from fresh weights" if from_scratch else "fine-tune"
+    steps, lr, warmup = ((s["pretrain_steps"], s["lr"], 300) if from_scratch else (s["finetune_steps"], s["finetune_lr"], 100))
+    ft = learner(int(steps), float(lr), warmup, weighted_sampling=True, loss_weights=False)
+    how = "retrain" if from_scratch else "fine-tune"
     composition = CompositionConfig(**(OmegaConf.to_container(cfg.composition, resolve=True) or {}))
     policy_now, total_samples, rounds, round_stores = base, 0, [], []
     for r in range(1, int(s["rounds"]) + 1):
@@ -173,7 +173,7 @@ def run(cfg: DictConfig) -> int:
         total_samples += st["operator_samples"]
         print(f"4/6 {how}, round {r}: demos + {st['steps']['RECOVERY']} recovery and {st['steps']['CORRECTION']} "
               f"correction steps from {st['interventions']} interventions, {ft.steps} steps")
-        stages.run(f"4 {'retrain' if from_scratch else 'fine-tune'}, round {r}", lambda: finetune_stage(
+        stages.run(f"4 {how}, round {r}", lambda: finetune_stage(
             ckpt, [(demos, n_demos)], list(round_stores), composition, ft, out / f"rac-round{r}", cfg.resume, from_scratch))
         policy_now = policy_at(out / f"rac-round{r}")
         rounds.append({"round": r, "collect": st, "operator_samples": total_samples})

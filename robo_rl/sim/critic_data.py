@@ -148,8 +148,8 @@ class RolloutRecorder:
 
 def record_rollouts(predict: PredictFn, task: str, obs_keys: Sequence[str], n_obs: int, horizon: int,
                     chunking: ChunkingConfig, out: str | Path, episodes: int = 100, n_envs: int = 10,
-                    seed: int = 100_000, image_size: tuple[int, int] | None = None, max_steps: int | None = None, disturb: bool = True,
-                    progress: bool = True, meta_extra: Mapping[str, object] | None = None) -> EvalSummary:
+                    seed: int = 100_000, image_size: tuple[int, int] | None = None, max_steps: int | None = None,
+                    disturb: bool = True, progress: bool = True, meta_extra: Mapping[str, object] | None = None) -> EvalSummary:
     """Roll the policy out with `evaluate_policy` (same seeds, same chunking) and append every
     episode to the store at `out` (created if missing; an existing one must hold the same keys)."""
     cameras = [k[len(IMAGE_PREFIX):] for k in obs_keys if k.startswith(IMAGE_PREFIX)]

@@ -222,8 +222,9 @@ class SimOperator:
         # for the correction to place again, as a person would, instead of letting go and backing
         # away. (On PackCube, rounds with these lid corrections trained to 24-38% against 50%
         # without them; keeping the lid gave 24-32%: not the fix, README "sixth round".)
-        kept = {arm for arm, geom in env.task.grasp_targets(stage)
-                if self._regressed and touching_any_finger(robot, geom, arm)} - holding
+        kept = set()
+        if self._regressed:
+            kept = {arm for arm, geom in env.task.grasp_targets(stage) if touching_any_finger(robot, geom, arm)} - holding
         holding |= kept
         reference: dict[str, Segment | None] = {}
 
