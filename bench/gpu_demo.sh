@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# `robo-rl demo full=true` (200 demos, 30k pre-training steps at batch 256, 3 RaC rounds of 20
-# rollouts, 10k-step fine-tunes, 100 evaluation episodes per row) on a lent GPU machine that has
+# `robo-rl demo full=true` (200 demos, 30k pre-training steps at batch 256, one RaC round of 120
+# rollouts, a 30k-step retrain, 100 evaluation episodes per row) on a lent GPU machine that has
 # PyTorch but no package registry.
 #
 #   bash bench/gpu_demo.sh [SECONDS] [demo overrides ...]      (default overrides: full=true)

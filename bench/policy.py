@@ -12,10 +12,12 @@
     and 256, low-dim and 2-camera 96x96, flow with each backbone; then the task-sized low-dim
     backbones against the default DiT at batch 128: fp32, bf16 autocast (the CPU's flags say
     whether it has AVX512-BF16; without it bf16 is emulated and slower) and fp32 + torch.compile.
-(c) GPU (only when CUDA is available): steps/s and samples/s at batch 256, fp32 vs bf16 autocast,
-    eager vs torch.compile.
+(c) GPU (only when CUDA is available): first the demo's MLP policy through the Learner itself
+    (sampling on the GPU, AdamW, EMA), eager against the replayed CUDA graph (`learner.cuda_graph`),
+    fp32 and bf16; then the raw step (forward + backward + AdamW) at batch 256 for the default
+    backbones, fp32 vs bf16 autocast, eager vs torch.compile (--learner-only skips these).
 
-    python bench/policy.py [--quick] [--only latency|train|gpu] [--reps 200]
+    python bench/policy.py [--quick] [--only latency|train|gpu] [--learner-only] [--reps 200]
 """
 
 from __future__ import annotations
@@ -128,11 +130,51 @@ def train_rate(policy, shapes: ObsShapes, batch: int, device: str, seconds: floa
     return n / (time.perf_counter() - t0)
 
 
+def learner_rate(cuda_graph: str, bf16: str, seconds: float) -> tuple[float, float]:
+    """Steps/s of the Learner (sampler on the GPU, loss, backward, clip, AdamW, EMA) on the demo's
+    policy over a synthetic store of PackCube's sizes, after 50 warm-up steps."""
+    import tempfile
+
+    from robo_rl.data.sampler import WindowSampler
+    from robo_rl.data.schema import EpisodeMeta, Schema
+    from robo_rl.data.store import EpisodeStore
+    from robo_rl.learn import Learner, LearnerConfig
+
+    opts = dict(CONFIGS[-1][2])
+    with tempfile.TemporaryDirectory() as tmp:
+        store = EpisodeStore.create(Path(tmp) / "store", Schema.build(
+            {"obs/qpos": ((14,), "float32"), "obs/env_state": ((7,), "float32"), "action": ((14,), "float32")},
+            fps=50, robot="aloha"))
+        rng = np.random.default_rng(0)
+        for _ in range(20):
+            store.add_episode({k: rng.standard_normal((750, n)).astype(np.float32)
+                               for k, n in (("obs/qpos", 14), ("obs/env_state", 7), ("action", 14))},
+                              np.arange(750) / 50.0, meta=EpisodeMeta(task="synthetic", success=True))
+        torch.manual_seed(0)
+        policy = make_policy("flow", opts, LOWDIM)
+        sampler = WindowSampler(store, ["obs/qpos", "obs/env_state"], n_obs=policy.config.n_obs,
+                                horizon=policy.config.horizon, device="cuda")
+        cfg = LearnerConfig(steps=10**9, batch_size=256, lr=3e-4, warmup_steps=10, checkpoint_every=0,
+                            device="cuda", cuda_graph=cuda_graph, bf16=bf16)
+        learner = Learner(policy, cfg, Path(tmp) / "run", lambda bs, g, w: sampler.sample(bs, g, w), progress=False)
+        for _ in range(50):
+            learner._step()
+        torch.cuda.synchronize()
+        losses, t0 = [], time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            for _ in range(100):
+                losses.append(learner._step())
+            torch.cuda.synchronize()
+        rate = len(losses) / (time.perf_counter() - t0)
+        return rate, float(torch.stack(losses[-100:]).float().mean())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer repetitions, shorter timings")
     ap.add_argument("--only", choices=["latency", "train", "gpu"])
     ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--learner-only", action="store_true", help="GPU: only the Learner rows (no torch.compile)")
     args = ap.parse_args()
     reps = 30 if args.quick else args.reps
     seconds = 3.0 if args.quick else 10.0
@@ -190,7 +232,19 @@ def main() -> None:
         if not torch.cuda.is_available():
             console.print("(c) GPU: no CUDA device here; run this script on a GPU machine for the GPU table.")
             return
-        t = table(f"(c) GPU training at batch 256 ({torch.cuda.get_device_name()})",
+        t = table(f"(c1) GPU: the Learner on the demo's MLP policy, batch 256 ({torch.cuda.get_device_name()})",
+                  ["mode", "steps/s", "samples/s", "vs eager fp32", "mean loss, last 100 steps"])
+        base = None
+        for graph in ("false", "true"):
+            for bf16 in ("false", "true"):
+                rate, loss = learner_rate(graph, bf16, seconds)
+                base = base or rate
+                t.add_row(f"{'CUDA graph' if graph == 'true' else 'eager'} {'bf16' if bf16 == 'true' else 'fp32'}",
+                          f"{rate:.0f}", f"{rate * 256:.0f}", f"{rate / base:.1f}x", f"{loss:.4f}")
+        console.print(t)
+        if args.learner_only:
+            return
+        t = table(f"(c2) GPU training at batch 256 ({torch.cuda.get_device_name()})",
                   ["policy", "observations", "mode", "steps/s", "samples/s"])
         for obs_label, shapes in (("low-dim", LOWDIM), ("2 cams 96x96", IMAGES)):
             for label, name, opts in CONFIGS[:2]:

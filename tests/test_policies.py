@@ -271,6 +271,38 @@ def test_resume_gives_identical_next_step_loss(tmp_path):
     assert np.array_equal(r1, again.predict(obs))
 
 
+def test_cuda_graph_needs_cuda_and_a_known_setting(tmp_path):
+    _, policy, sampler = tiny_setup(tmp_path, "flow", TINY_MLP)
+    with pytest.raises(ConfigError, match="cuda_graph=true needs a CUDA device"):
+        Learner(policy, LearnerConfig(steps=5, device="cpu", cuda_graph="true"), tmp_path / "run",
+                lambda bs, g, w: sampler.sample(bs, g, w), progress=False)
+    with pytest.raises(ConfigError, match="learner.cuda_graph='sometimes'"):
+        LearnerConfig.from_dict({"cuda_graph": "sometimes"})
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_graph_steps_learn_as_eager_steps_do(tmp_path):
+    """The replayed graph (forward, backward, clipping) against eager steps from the same start:
+    the warm-up steps before the capture are the eager ones, and both bring the loss down alike."""
+    results = {}
+    for mode in ("false", "true"):
+        torch.manual_seed(0)
+        store, policy, _ = tiny_setup(tmp_path / mode, "flow", TINY_MLP)
+        sampler = WindowSampler(store, ["obs/qpos"], n_obs=policy.config.n_obs,
+                                horizon=policy.config.horizon, device="cuda")
+        cfg = LearnerConfig(steps=400, batch_size=64, lr=1e-3, warmup_steps=10, checkpoint_every=0, seed=1,
+                            device="cuda", cuda_graph=mode, bf16="false")
+        learner = Learner(policy, cfg, tmp_path / mode / "run", lambda bs, g, w: sampler.sample(bs, g, w),
+                          progress=False)
+        losses = [learner.train_step() for _ in range(cfg.steps)]
+        assert learner.use_graph == (mode == "true") and (learner._graph is not None) == (mode == "true")
+        results[mode] = (losses, [p.detach().cpu() for p in learner.ema.parameters()])
+    eager, graph = results["false"][0], results["true"][0]
+    assert graph[:Learner.GRAPH_WARMUP] == pytest.approx(eager[:Learner.GRAPH_WARMUP], rel=1e-4)
+    assert np.mean(graph[-50:]) < 0.5 * np.mean(graph[:10])
+    assert np.mean(graph[-50:]) == pytest.approx(np.mean(eager[-50:]), rel=0.3)
+
+
 def test_a_non_finite_loss_stops_training_and_is_never_checkpointed(tmp_path):
     """fit() reads losses once per log window (no wait on the device each step): a NaN batch in
     the middle of a window still stops the run, and the last checkpoint is the one before it."""

@@ -40,6 +40,8 @@ class LearnerConfig:
     ema_decay: float = 0.999       # ceiling; the decay warms up as (1 + step) / (10 + step)
     bf16: str = "auto"             # auto (on for CUDA) | true | false
     compile: bool = False          # torch.compile the training forward
+    cuda_graph: str = "auto"       # auto (on for one CUDA device without compile) | true | false: the forward,
+                                   # backward and clipping replayed as one CUDA graph (launch-bound small nets)
     loss_weights: bool = True      # use the sampler's per-sample weights in the loss
     weighted_sampling: bool = False  # draw windows in proportion to their weights instead
     log_every: int = 50
@@ -63,8 +65,9 @@ class LearnerConfig:
         cfg = cls(**d)
         if cfg.steps < 1 or cfg.batch_size < 1:
             raise ConfigError(f"learner.steps and learner.batch_size must be >= 1 (got {cfg.steps}, {cfg.batch_size})")
-        if str(cfg.bf16).lower() not in ("auto", "true", "false"):
-            raise ConfigError(f"learner.bf16={cfg.bf16!r}; choose auto, true or false")
+        for name in ("bf16", "cuda_graph"):
+            if str(getattr(cfg, name)).lower() not in ("auto", "true", "false"):
+                raise ConfigError(f"learner.{name}={getattr(cfg, name)!r}; choose auto, true or false")
         return cfg
 
 
@@ -192,14 +195,22 @@ class Learner:
         for p in self.model.parameters():
             if p.requires_grad:
                 (decay if p.ndim >= 2 else no_decay).append(p)  # no decay on biases and norms
+        on_cuda = self.device.startswith("cuda")
         self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                                            {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=cfg.betas)
+                                            {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=cfg.betas,
+                                           fused=True if on_cuda else None)  # one kernel for every parameter
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: warmup_cosine(s, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio))
         self.generator = torch.Generator(device=self.device if self.device.startswith("cuda") else "cpu")
         self.generator.manual_seed(cfg.seed * 1000 + self.dist.rank)
         bf16 = str(cfg.bf16).lower()
         self.autocast = bf16 == "true" or (bf16 == "auto" and self.device.startswith("cuda"))
+        graph = str(cfg.cuda_graph).lower()
+        if graph == "true" and not on_cuda:
+            raise ConfigError(f"learner.cuda_graph=true needs a CUDA device; this run's is {self.device}")
+        self.use_graph = on_cuda and (graph == "true" or (graph == "auto" and self.dist.world == 1 and not cfg.compile))
+        self._graph: Any = None  # (CUDAGraph, static batch, static loss) once captured
+        self._eager_steps = 0     # warm-up steps run in this process before the capture
         self.step = 0
         self.last_loss = float("nan")
         self.history: list[dict[str, Any]] = []
@@ -267,19 +278,72 @@ class Learner:
         cfg = self.cfg
         per_rank = max(1, cfg.batch_size // self.dist.world)
         batch = self.sample(per_rank, self.generator, cfg.weighted_sampling)
-        weights = batch.get("weight") if cfg.loss_weights else None
         self.model.train()
-        with torch.autocast(self.device.split(":")[0], dtype=torch.bfloat16, enabled=self.autocast):
-            loss = self.train_model(batch, weights)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+        if self.use_graph and self._eager_steps >= self.GRAPH_WARMUP:
+            loss = self._graph_loss_and_grads(batch)
+        elif self.use_graph:  # the warm-up before a capture runs on a side stream, as CUDA graphs ask
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                loss = self._loss_and_grads(batch)
+            torch.cuda.current_stream().wait_stream(side)
+            self._eager_steps += 1
+        else:
+            loss = self._loss_and_grads(batch)
         self.optimizer.step()
         self.scheduler.step()
         self.update_ema()
         self.step += 1
         return loss.detach()
+
+    def _loss_and_grads(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        weights = batch.get("weight") if self.cfg.loss_weights else None
+        # no autocast weight cache: inside a CUDA graph capture it would hold stale casts
+        with torch.autocast(self.device.split(":")[0], dtype=torch.bfloat16, enabled=self.autocast,
+                            cache_enabled=not self.use_graph):
+            loss = self.train_model(batch, weights)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        return loss
+
+    GRAPH_WARMUP = 3  # eager steps before the capture, so that cuBLAS and the allocator have settled
+
+    def _graph_loss_and_grads(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Forward, backward and clipping as one replayed CUDA graph. A small network on a GPU is
+        bound by launching its few hundred kernels one by one from Python, not by the GPU; the
+        replay launches them at once. The batch is copied into the graph's fixed input tensors;
+        the gradients live in the graph's memory, where the fused AdamW step reads them. The noise
+        and flow times come from the default CUDA generator, which graphs replay with fresh draws.
+        If the capture fails (an op that cannot be captured), training goes on eagerly."""
+        if self._graph is None:
+            try:
+                static = {k: v.clone() for k, v in batch.items()}
+                self.optimizer.zero_grad(set_to_none=True)  # the capture allocates the grads in its pool
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    loss = self._loss_and_grads_in_graph(static)
+                self._graph = (graph, static, loss)
+            except Exception as e:  # noqa: BLE001 - any capture failure: fall back, say why once
+                print(f"learner: CUDA graph capture failed ({type(e).__name__}: {str(e)[:200]}); training eagerly")
+                self.use_graph, self._graph = False, None
+                torch.cuda.synchronize()
+                return self._loss_and_grads(batch)
+        graph, static, loss = self._graph
+        for k, v in batch.items():
+            static[k].copy_(v, non_blocking=True)
+        graph.replay()
+        return loss
+
+    def _loss_and_grads_in_graph(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        weights = batch.get("weight") if self.cfg.loss_weights else None
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast, cache_enabled=False):
+            loss = self.train_model(batch, weights)
+        loss.backward()  # grads are None before the capture: backward allocates them, replays overwrite them
+        if self.cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        return loss
 
     @torch.no_grad()
     def update_ema(self) -> None:
