@@ -107,6 +107,12 @@ def test_device_path_equals_numpy_path(filled_store):
     g = torch.Generator().manual_seed(0)
     batch = dev.sample(32, g, weighted=True)
     assert batch["action"].shape == (32, 16, 14)
+    # weighted draws on the device: a zero weight is never drawn, and a reweight takes effect at once
+    masked = WindowSampler(filled_store, ["obs/qpos"], segment_weights={"policy": 0.0}, device="cpu")
+    assert not (masked.sample(2000, g, weighted=True)["segment"] == Segment.POLICY).any()
+    only_recovery = (masked.data["segment"] == Segment.RECOVERY).astype(np.float32)
+    masked.reweight(only_recovery)
+    assert (masked.sample(500, g, weighted=True)["segment"] == Segment.RECOVERY).all()
 
 
 def test_dataloader_with_workers_matches_direct_gathers(filled_store):
