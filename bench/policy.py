@@ -39,6 +39,7 @@ from robo_rl.policies.common import FrozenPredictor  # noqa: E402
 LOWDIM = ObsShapes({"obs/qpos": 14, "obs/env_state": 7}, {}, 14)
 IMAGES = ObsShapes({"obs/qpos": 14}, {"obs/images/top": (96, 96), "obs/images/left_wrist": (96, 96)}, 14)
 PAPER = {"backbone": "unet", "down_dims": [256, 512, 1024], "image_width": 64}
+DEMO_MLP = {"backbone": "mlp", "mlp_expansion": 1, "horizon": 64, "n_action_steps": 32}  # configs/demo.yaml's policy
 CONFIGS = [  # label, policy, options
     ("flow DiT K=10 (default)", "flow", {}),
     ("flow U-Net K=10", "flow", {"backbone": "unet"}),
@@ -58,8 +59,7 @@ CONFIGS = [  # label, policy, options
     ("flow DiT 96 wide, 3 blocks, 64-step chunks, 4 per token", "flow",
      {"horizon": 64, "dit_patch": 4, "n_action_steps": 32, "dit_dim": 96, "dit_depth": 3, "dit_heads": 4}),
     # the demo's policy since issue 20's fifth session: a residual MLP over the whole 64-step chunk
-    ("flow MLP 512 wide, 3 blocks, 64-step chunks (make demo)", "flow",
-     {"backbone": "mlp", "mlp_expansion": 1, "horizon": 64, "n_action_steps": 32}),
+    ("flow MLP 512 wide, 3 blocks, 64-step chunks (make demo)", "flow", DEMO_MLP),
 ]
 TASK_SIZED = [CONFIGS[0], *CONFIGS[-6:]]
 
@@ -140,7 +140,6 @@ def learner_rate(cuda_graph: str, bf16: str, seconds: float) -> tuple[float, flo
     from robo_rl.data.store import EpisodeStore
     from robo_rl.learn import Learner, LearnerConfig
 
-    opts = dict(CONFIGS[-1][2])
     with tempfile.TemporaryDirectory() as tmp:
         store = EpisodeStore.create(Path(tmp) / "store", Schema.build(
             {"obs/qpos": ((14,), "float32"), "obs/env_state": ((7,), "float32"), "action": ((14,), "float32")},
@@ -151,7 +150,7 @@ def learner_rate(cuda_graph: str, bf16: str, seconds: float) -> tuple[float, flo
                                for k, n in (("obs/qpos", 14), ("obs/env_state", 7), ("action", 14))},
                               np.arange(750) / 50.0, meta=EpisodeMeta(task="synthetic", success=True))
         torch.manual_seed(0)
-        policy = make_policy("flow", opts, LOWDIM)
+        policy = make_policy("flow", DEMO_MLP, LOWDIM)
         sampler = WindowSampler(store, ["obs/qpos", "obs/env_state"], n_obs=policy.config.n_obs,
                                 horizon=policy.config.horizon, device="cuda")
         cfg = LearnerConfig(steps=10**9, batch_size=256, lr=3e-4, warmup_steps=10, checkpoint_every=0,

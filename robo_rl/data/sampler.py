@@ -107,6 +107,7 @@ class WindowSampler:
         finished = np.array([store.meta(i).success is not False for i in self.episodes], dtype=bool)
         self.cut = ~finished[episode_of_step]
         self.weights = segment_weight_table(segment_weights)[self.data[SEGMENT_KEY]]
+        self._cdf, self._cdf_of = None, None  # cumulative weights, and the weights array they were summed from
         self.device = device
         # The arrays `get` gathers from: numpy here, or torch tensors on `device`.
         self._xp = np
@@ -184,7 +185,7 @@ class WindowSampler:
     def _cumulative_weights(self) -> Any:
         """Cumulative window weights in float64, cached until `reweight` (multinomial over 10^5
         weights per batch halved the GPU learner's rate)."""
-        if getattr(self, "_cdf_of", None) is not self.weights:
+        if self._cdf_of is not self.weights:
             if self.weights.sum() <= 0:
                 raise ConfigError("weighted sampling: every window has weight 0")
             cdf = np.cumsum(self.weights, dtype=np.float64)

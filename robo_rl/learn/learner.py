@@ -203,10 +203,10 @@ class Learner:
             self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: warmup_cosine(s, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio))
-        self.generator = torch.Generator(device=self.device if self.device.startswith("cuda") else "cpu")
+        self.generator = torch.Generator(device=self.device if on_cuda else "cpu")
         self.generator.manual_seed(cfg.seed * 1000 + self.dist.rank)
         bf16 = str(cfg.bf16).lower()
-        self.autocast = bf16 == "true" or (bf16 == "auto" and self.device.startswith("cuda"))
+        self.autocast = bf16 == "true" or (bf16 == "auto" and on_cuda)
         graph = str(cfg.cuda_graph).lower()
         if graph == "true" and not on_cuda:
             raise ConfigError(f"learner.cuda_graph=true needs a CUDA device; this run's is {self.device}")
@@ -322,10 +322,9 @@ class Learner:
         if self._graph is None:
             try:
                 static = {k: v.clone() for k, v in batch.items()}
-                self.optimizer.zero_grad(set_to_none=True)  # the capture allocates the grads in its pool
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    loss = self._loss_and_grads_in_graph(static)
+                with torch.cuda.graph(graph):  # zero_grad(set_to_none) inside: backward allocates the grads in its pool
+                    loss = self._loss_and_grads(static)
                 self._graph = (graph, static, loss)
             except Exception as e:  # noqa: BLE001 - any capture failure: fall back, say why once
                 print(f"learner: CUDA graph capture failed ({type(e).__name__}: {str(e)[:200]}); training eagerly")
@@ -335,16 +334,7 @@ class Learner:
         graph, static, loss = self._graph
         for k, v in batch.items():
             static[k].copy_(v, non_blocking=True)
-        graph.replay()
-        return loss
-
-    def _loss_and_grads_in_graph(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        weights = batch.get("weight") if self.cfg.loss_weights else None
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast, cache_enabled=False):
-            loss = self.train_model(batch, weights)
-        loss.backward()  # grads are None before the capture: backward allocates them, replays overwrite them
-        if self.cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        graph.replay()  # overwrites the grads in place: nothing zeroes them between replays
         return loss
 
     @torch.no_grad()

@@ -18,11 +18,11 @@ Then it follows the RaC rules:
    grippers that hold nothing useful, lift away, return to the sub-task's pre-grasp pose (the
    first pose the demos' expert goes to for this stage). A hand still on the sub-task's object
    (a lid that tilted on the rim while being lowered) closes on it and lifts it back up instead.
-   Only when the scene has gone wrong (a sub-task came undone, a grasp closed on air). After a stall nothing is out of place: the
-   policy holds a pose the demos pass through (most often the cube lowered into the box, the
-   gripper never opening), so the state is already familiar and a recovery would carry the cube
-   back out, one release away from done. There the operator corrects at once
-   (`recover_on_stall=True` recovers anyway).
+   Only when the scene has gone wrong (a sub-task came undone, a grasp closed on air). After a
+   stall nothing is out of place: the policy holds a pose the demos pass through (most often the
+   cube lowered into the box, the gripper never opening), so the state is already familiar and a
+   recovery would carry the cube back out, one release away from done. There the operator
+   corrects at once (`recover_on_stall=True` recovers anyway).
 2. CORRECTION: complete the current sub-task with the expert, planned from where things are.
    After a regression that is the sub-task under way when things came undone: a lid dropped on
    the rim while being placed is corrected until it is seated, not only until it is lifted
