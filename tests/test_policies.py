@@ -130,13 +130,13 @@ def test_observation_span_floor_keeps_still_dims_from_blowing_up():
 @pytest.mark.parametrize("options", [TINY, TINY_DIT, {**TINY_DIT, "dit_patch": 2}, TINY_MLP], ids=["unet", "dit", "dit-patch2", "mlp"])
 def test_frozen_predictor_matches_eager(tmp_path, name, options):
     """The traced, frozen sampler gives the eager policy's chunks for the same noise, at more than
-    one batch size."""
+    one batch size; a batch smaller than a built graph is padded into it, not traced again."""
     from robo_rl.policies.common import FrozenPredictor
 
     _, policy, sampler = tiny_setup(tmp_path, name, options, images=True)
     policy.eval()
     frozen = FrozenPredictor(policy)
-    for b in (1, 3):
+    for b in (3, 1, 2):
         batch = sampler.sample(b, torch.Generator().manual_seed(b))
         window = {k: batch[k].numpy() for k in ("obs/qpos", "obs/images/top")}
         torch.manual_seed(7)
@@ -148,6 +148,7 @@ def test_frozen_predictor_matches_eager(tmp_path, name, options):
             eager = policy.body.action_norm.unnormalize(policy.sample(cond, None, noise)).numpy()
         assert fast.shape == (b, 8, 2)
         np.testing.assert_allclose(fast, eager, rtol=1e-4, atol=1e-4)
+    assert list(frozen.graphs) == [3]
 
 
 def test_bad_policy_options_are_one_line_errors(tmp_path):

@@ -30,11 +30,12 @@ def main(argv: list[str]) -> int:
     return run_app("rac", "rac", run, argv)
 
 
-def evaluate(policy: Any, task: str, chunking: dict, cfg: DictConfig, out: Path | None, videos: int = 0) -> dict[str, Any]:
+def evaluate(policy: Any, task: str, chunking: dict, cfg: DictConfig, out: Path | None, videos: int = 0,
+             predict: Any = None) -> dict[str, Any]:
     from robo_rl.sim.evaluate import evaluate_with_recoveries
 
     return evaluate_with_recoveries(policy, task, chunking, int(cfg.eval.episodes), int(cfg.eval.n_envs), int(cfg.eval.seed),
-                                    int(cfg.eval.max_recoveries), out, videos)
+                                    int(cfg.eval.max_recoveries), out, videos, predict)
 
 
 def run(cfg: DictConfig) -> int:
@@ -109,12 +110,15 @@ def run_rounds(cfg: DictConfig, ckpt: dict[str, Any], task: str, demos: str, n_d
         tmp.replace(out / "results.json")
 
     print(f"rac {task}: evaluating the pre-trained policy on {cfg.eval.episodes} episodes")
-    results["base"] = evaluate(base, task, chunking, cfg, out / "eval-base")
+    # One predictor per policy, shared by its evaluation and the next round's rollouts: each
+    # holds a traced graph whose memory TorchScript never gives back (FrozenPredictor).
+    base_predict = predictor(base)
+    results["base"] = evaluate(base, task, chunking, cfg, out / "eval-base", predict=base_predict)
     save()
     budget: dict[int, int] = {}  # round -> RaC's cumulative operator samples
     for m_index, method in enumerate(methods):
         data = out / method / "data"
-        policy, total = base, CollectStats()
+        policy, predict, total = base, base_predict, CollectStats()
         for r in range(1, (1 if method == "no_new_data" else int(cfg.rounds)) + 1):
             seed = 200_000 + 10_000 * int(cfg.seed) + 1_000 * m_index + 100 * r
             target = budget.get(r) if method != "rac" else None
@@ -129,7 +133,7 @@ def run_rounds(cfg: DictConfig, ckpt: dict[str, Any], task: str, demos: str, n_d
                 # a baseline runs until it matches RaC's operator samples; a human gets at most 3x the episodes
                 episodes = int(cfg.episodes_per_round) * (1 if target is None else 3 if human else 50)
                 human_opts = human_session.collect_options(method, r) if human_session else {}
-                st = collect_interventions(predictor(policy), task, obs_keys, policy.config.n_obs, policy.config.horizon,
+                st = collect_interventions(predict, task, obs_keys, policy.config.n_obs, policy.config.horizon,
                                            chunk_cfg, data, episodes, seed, mode=method,
                                            n_envs=1 if human else int(cfg.n_envs), operator=op_cfg,
                                            max_operator_samples=need, **human_opts)
@@ -143,8 +147,9 @@ def run_rounds(cfg: DictConfig, ckpt: dict[str, Any], task: str, demos: str, n_d
             policy, fit = finetune(ckpt, demo_sources, [] if method in ("demos", "no_new_data") else [data], comp, learner_cfg,
                                    out / method / f"round{r}", extra={"rac": {"method": method, "round": r}},
                                    from_scratch=bool(cfg.from_scratch))
+            predict = predictor(policy)
             ev = evaluate(policy, task, chunking, cfg, out / method / f"round{r}" / "eval",
-                          videos=2 if r == int(cfg.rounds) else 0)
+                          videos=2 if r == int(cfg.rounds) else 0, predict=predict)
             row = {"method": method, "round": r, "episodes": total.episodes, "operator_samples": total.operator_samples,
                    "operator_time_s": total.operator_time_s, "interventions": total.interventions,
                    "collect": st.to_dict(), "finetune_steps": fit["step"], **ev}

@@ -53,9 +53,10 @@ def write_eval(summary: Any, out: Path, **extra: Any) -> dict[str, Any]:
 
 
 def evaluate_with_recoveries(policy: Any, task: str, chunking: Mapping[str, Any], episodes: int, n_envs: int, seed: int,
-                             max_recoveries: int, out: Path | None, videos: int = 0) -> dict[str, Any]:
-    """Success with its interval, stage reach and the test-time-scaling curve of one policy."""
-    summary = run_eval(policy, task, chunking, episodes, n_envs, seed, videos, out, count_recoveries=True)
+                             max_recoveries: int, out: Path | None, videos: int = 0, predict: Any = None) -> dict[str, Any]:
+    """Success with its interval, stage reach and the test-time-scaling curve of one policy
+    (`predict`: its predictor, when the caller has one to share)."""
+    summary = run_eval(policy, task, chunking, episodes, n_envs, seed, videos, out, count_recoveries=True, predict=predict)
     d = summary.to_dict()
     if out is not None:
         write_eval(summary, out)
