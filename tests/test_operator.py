@@ -219,3 +219,36 @@ def test_no_takeover_while_a_human_like_expert_drives_the_long_horizon_task():
                 break
         assert ctl.interventions == [], ctl.interventions
         assert info["success"]
+
+
+def knock_cube_to(xy, at_step=60):
+    """Moves the cube (the scene's first free body) to `xy` on the table at `at_step`."""
+    import mujoco
+
+    def knock(env, a, k):
+        if k == at_step:
+            model, data = env.robot.model, env.robot.data
+            free = next(i for i in range(model.njnt) if model.jnt_type[i] == mujoco.mjtJoint.mjJNT_FREE)
+            data.qpos[model.jnt_qposadr[free]:model.jnt_qposadr[free] + 2] = xy
+            data.qvel[model.jnt_dofadr[free]:model.jnt_dofadr[free] + 6] = 0.0
+            mujoco.mj_forward(model, data)
+        return a
+    return knock
+
+
+def test_a_pose_out_of_reach_is_given_up_not_jumped_to():
+    """The expert's IK, sent to a cube knocked beyond the arm's reach, flips between solution
+    branches (joint jumps of up to 2 pi in a tick): the operator gives up instead, holds still,
+    and the correction ends "unreachable", an unfinished ending that weighs 0 in training."""
+    from robo_rl.rac.intervention import UNFINISHED_ENDINGS, UNREACHABLE
+
+    def largest_operator_step(labels, actions):
+        operator = np.isin([int(x) for x in labels[1:]], [int(Segment.RECOVERY), int(Segment.CORRECTION)])
+        return np.abs(np.diff(actions[:, ARM_JOINTS], axis=0)).max(1)[operator].max()
+
+    knock = knock_cube_to(np.array([-0.55, 0.3]))
+    _, ctl, labels, actions, _ = run("transfer_cube", knock, steps=600, config=OperatorConfig(max_joint_step=100.0))
+    assert largest_operator_step(labels, actions) > 2.0  # what the limit is for
+    _, ctl, labels, actions, _ = run("transfer_cube", knock, steps=600)
+    assert [r.ended for r in ctl.interventions] == [UNREACHABLE] and UNREACHABLE in UNFINISHED_ENDINGS
+    assert largest_operator_step(labels, actions) < 0.6 and ctl.done

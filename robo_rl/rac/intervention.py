@@ -39,10 +39,11 @@ class Phase(str, enum.Enum):
 
 
 TAKE_OVER, RECOVERY_DONE, CORRECTION_DONE = "take_over", "recovery_done", "correction_done"
-# how a correction ended without finishing its sub-task: the operator gave up (timeout), its plan
-# ran out, or the episode's time did; anything else (a human's key, "sub-task done") is finished
-TIMEOUT, PLAN_FINISHED, EPISODE_END = "timeout", "plan finished", "episode_end"
-UNFINISHED_ENDINGS = (TIMEOUT, PLAN_FINISHED, EPISODE_END)
+# how a correction ended without finishing its sub-task: the operator gave up (timeout, or a pose
+# its arm cannot reach smoothly), its plan ran out, or the episode's time did; anything else (a
+# human's key, "sub-task done") is finished
+TIMEOUT, PLAN_FINISHED, EPISODE_END, UNREACHABLE = "timeout", "plan finished", "episode_end", "unreachable"
+UNFINISHED_ENDINGS = (TIMEOUT, PLAN_FINISHED, EPISODE_END, UNREACHABLE)
 # event -> (the phase it is valid in, the phase it leads to; None: decided by the mode)
 TRANSITIONS = {
     TAKE_OVER: (Phase.AUTONOMOUS, Phase.RECOVERY),

@@ -30,6 +30,12 @@ Then it follows the RaC rules:
 3. END: when the sub-task is done (its stage advanced and held for `done_hold_s`; a contact that
    flickers as an object settles is not done), the episode ends.
 
+It gives up (ending "unreachable", which weighs 0 like a timeout) when its plan would move a joint
+more than `max_joint_step` in one tick, and holds the last command instead of sending it. The
+expert's IK, asked for a pose out of reach (a cube knocked toward the far edge), flips between
+solution branches: HG-DAgger's corrections, which start from wherever the policy failed, held
+jumps of up to 2 pi per tick, while the demos' largest step is 0.59 rad.
+
 It is a `robo_rl.rac.Operator`, the interface a human on a teleop device gets too: each tick
 `signal` says take_over / recovery_done / correction_done (or nothing) and, while in control,
 `command` gives the joints to send. `robo_rl.rac.InterventionController` owns the phase, the
@@ -43,8 +49,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from robo_rl.rac.intervention import (CORRECTION_DONE, PLAN_FINISHED, RECOVERY_DONE, TAKE_OVER, TIMEOUT, OperatorEvent,
-                                      Phase)
+from robo_rl.rac.intervention import (CORRECTION_DONE, PLAN_FINISHED, RECOVERY_DONE, TAKE_OVER, TIMEOUT, UNREACHABLE,
+                                      OperatorEvent, Phase)
 from robo_rl.sim.expert import ExpertNoise, Pose, ScriptedExpert, Segment, grip_index
 from robo_rl.sim.tasks import grasped, touching_any_finger
 
@@ -64,6 +70,7 @@ class OperatorConfig:
     end_margin_s: float = 0.0  # > 0: take over this long before the time limit if unfinished (0: off;
     # the human-like expert itself may need all but the last 0.7 s of PackCube's 20 s)
     correction_timeout_s: float = 12.0  # give up a correction that has not finished by then
+    max_joint_step: float = 0.6  # rad: give up when the plan would move an arm joint more in one tick
     recover: bool = True  # False (HG-DAgger's operator): correct at once, no recovery manoeuvre
     recover_on_stall: bool = False  # also recover after a "no progress" takeover (see the module docstring)
     expert_noise: ExpertNoise = field(default_factory=ExpertNoise)
@@ -114,6 +121,7 @@ class SimOperator:
         self._recover_now = self.cfg.recover
         self._done_since: int | None = None
         self._seen = Phase.AUTONOMOUS
+        self._unreachable = False
 
     def _watch_from(self, stage: int) -> None:
         self._max_stage, self._stage_since = stage, self._step
@@ -129,6 +137,10 @@ class SimOperator:
                 self._plan_phase = None  # the next takeover plans anew
             self._seen, self._phase_start, self._done_since = phase, self._step, None
         self._step += 1
+        if self._unreachable and phase in (Phase.RECOVERY, Phase.CORRECTION):
+            self._unreachable = False
+            self._plan_phase = None  # a recovery cut short: the correction plans from here
+            return OperatorEvent(RECOVERY_DONE if phase == Phase.RECOVERY else CORRECTION_DONE, UNREACHABLE)
         if phase == Phase.AUTONOMOUS:
             reason = self._failure(stage, policy_action)
             if reason is not None:
@@ -172,7 +184,13 @@ class SimOperator:
             else:
                 self._plan = self.env.task.expert(self.env.robot, self.rng, self.cfg.expert_noise, start_command=last_command)
             self._plan_phase = phase
-        return self._plan.act()
+        before = self._plan.command.copy()
+        command = self._plan.act()
+        arms = np.setdiff1d(np.arange(len(command)), self.env.robot._grip_idx)
+        if np.abs(self._plan.command[arms] - before[arms]).max() > self.cfg.max_joint_step:
+            self._unreachable = True  # signalled next tick; this one holds still
+            return np.asarray(last_command, dtype=np.float32)
+        return command
 
     def _let_go(self, stage: int) -> bool:
         """No hand still holds what the finished sub-task placed, i.e. an object no arm needs in
