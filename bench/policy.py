@@ -11,7 +11,8 @@
 (b) training: optimiser steps/s (forward + backward + AdamW) on CPU with all threads, batch 64
     and 256, low-dim and 2-camera 96x96, flow with each backbone; then the task-sized low-dim
     backbones against the default DiT at batch 128: fp32, bf16 autocast (the CPU's flags say
-    whether it has AVX512-BF16; without it bf16 is emulated and slower) and fp32 + torch.compile.
+    whether it has AVX512-BF16; without it bf16 is emulated and slower) and fp32 + torch.compile;
+    (b3) the two camera encoders (`policy.image_encoder`), 2 cameras 96x96, fp32 and bf16.
 (c) GPU (only when CUDA is available): first the demo's MLP policy through the Learner itself
     (sampling on the GPU, AdamW, EMA), eager against the replayed CUDA graph (`learner.cuda_graph`),
     fp32 and bf16; then the raw step (forward + backward + AdamW) at batch 256 for the default
@@ -39,6 +40,7 @@ from robo_rl.policies.common import FrozenPredictor  # noqa: E402
 LOWDIM = ObsShapes({"obs/qpos": 14, "obs/env_state": 7}, {}, 14)
 IMAGES = ObsShapes({"obs/qpos": 14}, {"obs/images/top": (96, 96), "obs/images/left_wrist": (96, 96)}, 14)
 PAPER = {"backbone": "unet", "down_dims": [256, 512, 1024], "image_width": 64}
+CONV = {"image_encoder": "conv"}  # the small CNN per camera (issue 21) instead of the ResNet-18 layout
 DEMO_MLP = {"backbone": "mlp", "mlp_expansion": 1, "horizon": 64, "n_action_steps": 32}  # configs/demo.yaml's policy
 CONFIGS = [  # label, policy, options
     ("flow DiT K=10 (default)", "flow", {}),
@@ -187,7 +189,8 @@ def main() -> None:
                   ["policy", "observations", "params", "eager p50 ms", "eager p99 ms", "frozen p50 ms",
                    "frozen p99 ms", "target p99 (frozen)"])
         for obs_label, shapes, target in (("low-dim", LOWDIM, 5), ("2 cams 96x96", IMAGES, 30)):
-            for label, name, opts in CONFIGS if obs_label == "low-dim" else CONFIGS[:4]:
+            image_rows = [*CONFIGS[:4], ("flow DiT K=10, conv camera encoder", "flow", CONV)]
+            for label, name, opts in CONFIGS if obs_label == "low-dim" else image_rows:
                 policy = make_policy(name, opts, shapes)
                 p50, p99, n = latency(policy, shapes, reps)
                 f50, f99, _ = latency(policy, shapes, reps, frozen=True)
@@ -211,6 +214,18 @@ def main() -> None:
                     t.add_row(label.split(" K=")[0].split(" DDIM")[0], obs_label, str(b), f"{r:.1f}", f"{r * b:.0f}")
         console.print(t)
         flags = cpu_flags()
+        t = table(f"(b3) camera encoders: flow DiT, 2 cams 96x96, batch 64 ({threads} threads; CPU "
+                  f"{'has' if 'avx512_bf16' in flags else 'lacks'} AVX512-BF16)",
+                  ["camera encoder", "params", "fp32 steps/s", "bf16 autocast steps/s", "fp32 vs resnet18"])
+        base = None
+        for label, opts in (("resnet18 width 32 (default)", {}), ("conv 16-32-64-64", CONV)):
+            policy = make_policy("flow", opts, IMAGES)
+            n = sum(p.numel() for p in policy.parameters())
+            r32 = train_rate(policy, IMAGES, 64, "cpu", seconds)
+            r16 = train_rate(make_policy("flow", opts, IMAGES), IMAGES, 64, "cpu", seconds, bf16=True)
+            base = base or r32
+            t.add_row(label, f"{n / 1e6:.2f}M", f"{r32:.1f}", f"{r16:.1f}", f"{r32 / base:.1f}x")
+        console.print(t)
         t = table(f"(b2) task-sized low-dim backbones, batch 128 ({threads} threads; CPU "
                   f"{'has' if 'avx512_bf16' in flags else 'lacks'} AVX512-BF16)",
                   ["policy", "params", "fp32 steps/s", "bf16 autocast steps/s", "fp32 + torch.compile steps/s",

@@ -31,6 +31,7 @@ TESTS = Path(__file__).parent
 ROOT = TESTS.parent
 TINY = {"backbone": "unet", "down_dims": [16, 32], "obs_dim": 32, "horizon": 8, "n_action_steps": 4}
 TINY_MLP = {"backbone": "mlp", "mlp_width": 32, "mlp_depth": 2, "obs_dim": 32, "horizon": 8, "n_action_steps": 4}
+TINY_CONV = {"image_encoder": "conv", "conv_channels": [4, 8, 8], "image_feature_dim": 8}  # the small CNN for cameras
 TINY_DIT = {"backbone": "transformer", "dit_dim": 32, "dit_depth": 2, "dit_heads": 2, "obs_dim": 32, "horizon": 8,
             "n_action_steps": 4}
 
@@ -127,7 +128,8 @@ def test_observation_span_floor_keeps_still_dims_from_blowing_up():
 
 
 @pytest.mark.parametrize("name", ["flow", "diffusion"])
-@pytest.mark.parametrize("options", [TINY, TINY_DIT, {**TINY_DIT, "dit_patch": 2}, TINY_MLP], ids=["unet", "dit", "dit-patch2", "mlp"])
+@pytest.mark.parametrize("options", [TINY, TINY_DIT, {**TINY_DIT, "dit_patch": 2}, TINY_MLP, {**TINY_MLP, **TINY_CONV}],
+                         ids=["unet", "dit", "dit-patch2", "mlp", "mlp-conv-encoder"])
 def test_frozen_predictor_matches_eager(tmp_path, name, options):
     """The traced, frozen sampler gives the eager policy's chunks for the same noise, at more than
     one batch size; a batch smaller than a built graph is padded into it, not traced again."""
@@ -157,6 +159,10 @@ def test_bad_policy_options_are_one_line_errors(tmp_path):
         make_policy("flow", {"horizn": 8}, policy.shapes)
     with pytest.raises(ConfigError, match="choose one of"):
         make_policy("bc", {}, policy.shapes)
+    with pytest.raises(ConfigError, match="image_encoder='vit'; choose one of resnet18, conv"):
+        make_policy("flow", {"image_encoder": "vit"}, policy.shapes)
+    with pytest.raises(ConfigError, match="conv_channels"):
+        make_policy("flow", {"image_encoder": "conv", "conv_channels": []}, policy.shapes)
     with pytest.raises(ConfigError, match="divisible"):
         make_policy("flow", {"backbone": "unet", "horizon": 10, "down_dims": [8, 16, 32]}, policy.shapes)
     with pytest.raises(ConfigError, match="dit_patch=3 must be >= 1 and divide policy.horizon=8"):
@@ -191,9 +197,10 @@ def test_losses_decrease(tmp_path, name, options):
     assert losses[-1] < 0.5 * losses[0], losses
 
 
-def test_image_policy_trains_end_to_end(tmp_path):
+@pytest.mark.parametrize("encoder", [{"image_width": 8, "image_feature_dim": 8}, TINY_CONV], ids=["resnet18", "conv"])
+def test_image_policy_trains_end_to_end(tmp_path, encoder):
     torch.manual_seed(0)
-    opts = {**TINY, "image_width": 8, "image_feature_dim": 8}
+    opts = {**TINY, **encoder}
     _, policy, sampler = tiny_setup(tmp_path, "flow", opts, images=True)
     cfg = LearnerConfig(steps=60, batch_size=16, lr=2e-3, warmup_steps=5, checkpoint_every=0, log_every=10)
     learner = Learner(policy, cfg, tmp_path / "run", lambda bs, g, w: sampler.sample(bs, g, w), progress=False)
@@ -202,6 +209,9 @@ def test_image_policy_trains_end_to_end(tmp_path):
     batch = sampler.sample(2, torch.Generator().manual_seed(1))
     out = policy.eval().predict({k: batch[k].numpy() for k in ("obs/qpos", "obs/images/top")})
     assert out.shape == (2, 8, 2)
+    rebuilt = make_policy("flow", policy_spec(policy)["config"], policy.shapes)  # as a checkpoint is read back
+    rebuilt.load_state_dict(policy.state_dict())
+    assert rebuilt.config.image_encoder == policy.config.image_encoder
 
 
 def test_weighted_mean_and_schedule():
