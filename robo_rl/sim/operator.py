@@ -51,7 +51,7 @@ import numpy as np
 
 from robo_rl.rac.intervention import (CORRECTION_DONE, PLAN_FINISHED, RECOVERY_DONE, TAKE_OVER, TIMEOUT, UNREACHABLE,
                                       OperatorEvent, Phase)
-from robo_rl.sim.expert import ExpertNoise, Pose, ScriptedExpert, Segment, grip_index
+from robo_rl.sim.expert import ARMS, ExpertNoise, Pose, ScriptedExpert, Segment, arm_slice, grip_index
 from robo_rl.sim.tasks import grasped, touching_any_finger
 
 
@@ -102,6 +102,8 @@ class SimOperator:
         self.env = env.unwrapped if hasattr(env, "unwrapped") else env
         self.cfg = config or OperatorConfig()
         self.rng = rng or np.random.default_rng(0)
+        spec = self.env.robot.spec  # the arm joints in the 14-D command, for the give-up rule
+        self._arm_joints = np.concatenate([np.arange(spec.action_dim)[arm_slice(spec, arm)] for arm in ARMS])
         if self.cfg.patience_s is not None:
             self.patience_s = (float(self.cfg.patience_s),) * len(self.env.task.stage_names)
         else:
@@ -186,7 +188,7 @@ class SimOperator:
             self._plan_phase = phase
         before = self._plan.command.copy()
         command = self._plan.act()
-        arms = np.setdiff1d(np.arange(len(command)), self.env.robot._grip_idx)
+        arms = self._arm_joints
         if np.abs(self._plan.command[arms] - before[arms]).max() > self.cfg.max_joint_step:
             self._unreachable = True  # signalled next tick; this one holds still
             return np.asarray(last_command, dtype=np.float32)

@@ -86,14 +86,17 @@ class ResNet18GN(nn.Module):
         return self.out(self.pool(self.blocks(self.stem(x))))
 
 
+CONV_CHANNELS = (16, 32, 64, 64)  # ConvKeypoints' default layers
+
+
 class ConvKeypoints(nn.Module):
     """A small CNN for CPU training (robomimic-style): one 3x3 conv per entry of `channels`, the
     first three with stride 2, each with GroupNorm and ReLU, then the spatial softmax and a linear
-    projection. Measured on a 2-core Xeon with AVX512-BF16, 86 px crops: forward + backward +
-    AdamW on 128 images takes 69 ms (47 in bf16) against 1.2 s for ResNet18GN width 64, and 2
-    frames at batch 1 take 0.9 ms against 19 (bench/policy.py tables a and b3)."""
+    projection. On a 2-core Xeon with AVX512-BF16, 86 px crops, forward + backward + AdamW on 128
+    images took 69 ms (47 in bf16) against 1.2 s for ResNet18GN width 64, and 2 frames at batch 1
+    0.9 ms against 19; a whole flow step with 2 cameras runs 3.9x faster (bench/policy.py b3)."""
 
-    def __init__(self, out_dim: int = 64, channels: tuple[int, ...] = (16, 32, 64, 64), n_keypoints: int = 32):
+    def __init__(self, out_dim: int = 64, channels: tuple[int, ...] = CONV_CHANNELS, n_keypoints: int = 32):
         super().__init__()
         layers, c = [], 3
         for i, c_out in enumerate(channels):
@@ -133,7 +136,7 @@ class CameraEncoder(nn.Module):
     so train and test see the same scale."""
 
     def __init__(self, image_size: tuple[int, int], out_dim: int, width: int, crop_ratio: float, kind: str = "resnet18",
-                 conv_channels: tuple[int, ...] = (16, 32, 64, 64)):
+                 conv_channels: tuple[int, ...] = CONV_CHANNELS):
         super().__init__()
         self.crop = (max(8, int(math.floor(image_size[0] * crop_ratio))), max(8, int(math.floor(image_size[1] * crop_ratio))))
         self.net = ConvKeypoints(out_dim, tuple(conv_channels)) if kind == "conv" else ResNet18GN(out_dim, width)
@@ -153,7 +156,7 @@ class ObsEncoder(nn.Module):
 
     def __init__(self, lowdim_dims: dict[str, int], image_sizes: dict[str, tuple[int, int]], n_obs: int,
                  out_dim: int = 256, image_feature_dim: int = 64, image_width: int = 64, crop_ratio: float = 0.9,
-                 image_encoder: str = "resnet18", conv_channels: tuple[int, ...] = (16, 32, 64, 64)):
+                 image_encoder: str = "resnet18", conv_channels: tuple[int, ...] = CONV_CHANNELS):
         super().__init__()
         self.lowdim_keys = sorted(lowdim_dims)
         self.camera_keys = sorted(image_sizes)
