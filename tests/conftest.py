@@ -47,7 +47,7 @@ def robo_rl_cli(*args: str, timeout: float = 300):
 
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory):
-    """Two tiny flow policies trained for a few steps on TransferCube demos: `state` on qpos +
+    """Tiny flow policies trained for a few steps on TransferCube demos: `state` on qpos +
     object state, `qpos` on qpos alone (what real arms can give)."""
     tmp = tmp_path_factory.mktemp("tiny_policies")
     demos = tmp / "demos"
@@ -61,4 +61,13 @@ def checkpoints(tmp_path_factory):
                         "policy.dit_depth=2", f"obs_keys={keys}")
         assert r.returncode == 0, r.stderr
         out[name] = run / "checkpoints" / "last.pt"
+    # `camera`: top camera 48x64 + qpos, the conv encoder, one frame (what a real arm can run)
+    cam_demos = tmp / "cam_demos"
+    r = robo_rl_cli("collect", "task=transfer_cube", "episodes=1", "cameras=[top]", "image_size=[48,64]", f"out={cam_demos}")
+    assert r.returncode == 0, r.stderr
+    r = robo_rl_cli("train", "policy=flow", "task=transfer_cube", f"dataset={cam_demos}", f"run_dir={tmp / 'camera'}",
+                    "learner.steps=5", "learner.batch_size=8", "eval.episodes=0", "policy.dit_dim=32", "policy.dit_depth=2",
+                    "policy.image_encoder=conv", "policy.n_obs=1", "obs_keys=[obs/qpos,obs/images/top]")
+    assert r.returncode == 0, r.stderr
+    out["camera"] = tmp / "camera" / "checkpoints" / "last.pt"
     return out

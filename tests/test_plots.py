@@ -150,6 +150,20 @@ def test_training_plots_of_a_behaviour_cloning_run(tmp_path):
         assert_drawn(p)
 
 
+def test_one_evaluation_at_100_percent_is_drawn(tmp_path):
+    """A single evaluation whose Wilson bound lands a rounding error above its 100% rate (as a
+    50/50 run's did) still gets its plot, with the scheduled-steps row of a timed run ignored."""
+    run = tmp_path / "r-timed"
+    run.mkdir()
+    write_jsonl(run / "metrics.jsonl", [{"step": 510, "scheduled_steps": 7633, "steps_per_s": 21.8},
+                                        {"step": 550, "loss": 0.1, "lr": 3e-4, "steps_per_s": 20.0, "time_s": 27.0}])
+    write_jsonl(run / "evals.jsonl", [{"success_rate": 1.0, "ci95_low": 0.929, "ci95_high": 1.0000000000000002,
+                                       "step": 7235, "eval_time_s": 26.0}])
+    assert list(read_curves(run).panels) == ["loss", "lr"]
+    for p in training_plots(run):
+        assert_drawn(p)
+
+
 def test_training_plots_of_an_offline_rl_run(tmp_path):
     run = tmp_path / "cube1-fql"
     run.mkdir()

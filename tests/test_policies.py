@@ -3,6 +3,7 @@ that overfits one twin demo and replays it, exact resume, and checkpoints that s
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -280,6 +281,75 @@ def test_resume_gives_identical_next_step_loss(tmp_path):
     r1 = restored.predict(obs)
     torch.manual_seed(5)
     assert np.array_equal(r1, again.predict(obs))
+
+
+def test_flow_noise_samples_and_chunk_regression_train_and_leave_sampling_alone():
+    """noise_samples=k draws k (noise, tau) per window on one encoding; aux_chunk_weight adds a
+    regression head trained beside the flow. Both change the loss only: the sampler, and so a
+    frozen predictor, is the plain policy's, and a bad setting is a one-line error."""
+    shapes = ObsShapes({"obs/qpos": 3}, {"obs/images/top": (16, 16)}, 2)
+    torch.manual_seed(0)
+    batch = {"obs/qpos": torch.randn(5, 1, 3), "obs/images/top": torch.randint(0, 256, (5, 1, 16, 16, 3), dtype=torch.uint8),
+             "action": torch.randn(5, 8, 2), "action_is_cut": torch.zeros(5, 8, dtype=torch.bool)}
+    batch["action_is_cut"][0, 4:] = True
+    opts = {**TINY_MLP, "image_encoder": "conv", "conv_channels": [4, 4, 4, 4], "n_obs": 1, "horizon": 8,
+            "n_action_steps": 4}
+    plain = make_policy("flow", opts, shapes)
+    extra = make_policy("flow", {**opts, "noise_samples": 3, "aux_chunk_weight": 0.5}, shapes)
+    assert plain.aux_head is None and extra.aux_head is not None
+    extra.load_state_dict({**plain.state_dict(), **{k: v for k, v in extra.state_dict().items() if k.startswith("aux_head")}})
+    loss = extra.loss(batch)
+    loss.backward()
+    assert torch.isfinite(loss) and extra.aux_head[0].weight.grad.abs().sum() > 0
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in extra.body.encoder.parameters())
+    # the head alone accounts for the difference at a fixed draw: with its weight at 0 the two agree
+    torch.manual_seed(1)
+    a = make_policy("flow", {**opts, "noise_samples": 3, "aux_chunk_weight": 0.0}, shapes)
+    a.load_state_dict(plain.state_dict())
+    a.eval(), extra.eval()  # centre crops: the encoding is the same in both calls
+    torch.manual_seed(2)
+    la = a.loss(batch)
+    torch.manual_seed(2)
+    lb = extra.loss(batch) - 0.5 * weighted_mean_aux(extra, batch)
+    torch.testing.assert_close(la, lb)
+    obs = {"obs/qpos": np.zeros((1, 1, 3), np.float32), "obs/images/top": np.zeros((1, 1, 16, 16, 3), np.uint8)}
+    torch.manual_seed(3)
+    c1 = plain.eval().predict(obs)
+    torch.manual_seed(3)
+    assert np.array_equal(c1, extra.eval().predict(obs))
+    with pytest.raises(ConfigError, match="noise_samples=0"):
+        make_policy("flow", {**opts, "noise_samples": 0}, shapes)
+
+
+def weighted_mean_aux(policy, batch):
+    """The chunk-regression term of a flow loss, computed on its own."""
+    actions = policy.body.action_norm.normalize(batch["action"].float())
+    guess = policy.aux_head(policy.body.encode(batch)).view_as(actions)
+    return policy.body.per_sample_loss(guess - actions, batch).mean()
+
+
+def test_a_time_budget_ends_the_cosine_at_the_steps_that_fit(tmp_path):
+    """learner.max_minutes with far more steps than fit: the schedule is fitted to the measured
+    rate, so the run ends on its own at the fitted step with the learning rate decayed to its
+    floor (not cut off at full rate), records the figure, and a resumed run keeps it."""
+    _, policy, sampler = tiny_setup(tmp_path, "flow", TINY_MLP)
+    sample = lambda bs, g, w: sampler.sample(bs, g, w)  # noqa: E731
+    cfg = LearnerConfig(steps=10**7, batch_size=8, lr=1e-3, warmup_steps=20, checkpoint_every=0, max_minutes=0.1,
+                        log_every=10**6)
+    learner = Learner(policy, cfg, tmp_path / "run", sample, progress=False)
+    out = learner.fit()
+    assert learner.schedule_fitted and 110 < learner.total_steps < 10**7
+    assert out["step"] == learner.total_steps and out["train_time_s"] < 0.1 * 60 * 1.5
+    assert learner.scheduler.get_last_lr()[0] < 1e-3 * 1e-3
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len([r for r in rows if "scheduled_steps" in r]) == 1  # the first figure; refitted as the rate settles
+    again = Learner(make_policy("flow", TINY_MLP, policy.shapes), cfg, tmp_path / "run2", sample, progress=False)
+    again.load(tmp_path / "run" / "checkpoints" / "last.pt")
+    assert again.total_steps == learner.total_steps and again.schedule_fitted
+    # without a time budget, or with fit_schedule=false, the schedule is learner.steps long
+    plain = Learner(make_policy("flow", TINY_MLP, policy.shapes), LearnerConfig(steps=50, fit_schedule=False),
+                    tmp_path / "run3", sample, progress=False)
+    assert plain.total_steps == 50
 
 
 def test_cuda_graph_needs_cuda_and_a_known_setting(tmp_path):

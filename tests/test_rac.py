@@ -305,6 +305,25 @@ def test_the_demo_runs_the_whole_story_at_toy_size(tmp_path):
     assert seeds["pretrained"] == seeds["control"] == seeds["after-rac"]
 
 
+@pytest.mark.slow  # ~1.5 min: PackCube's demos and rollouts rendered
+def test_the_demo_with_cameras_records_trains_and_rolls_out_on_frames(tmp_path):
+    """`demo obs=images`: the demos, RaC's rollouts and the policy all go through the cameras (no
+    object poses); the stores hold the frames at the asked size."""
+    out = tmp_path / "demo"
+    r = _cli("demo", "obs=images", "cameras=[top]", "image_size=[32,48]", "small.demos=1", "small.pretrain_steps=5",
+             "small.episodes_per_round=1", "small.eval_episodes=1", "n_envs=1", "threads=1", "videos=0", f"out={out}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    from robo_rl.policies import read_checkpoint
+
+    ckpt = read_checkpoint(out / "rac-round1" / "checkpoints" / "last.pt")
+    assert ckpt["obs_keys"] == ["obs/qpos", "obs/images/top"] and ckpt["policy"]["config"]["image_encoder"] == "conv"
+    for store in (out / "demos", out / "interventions" / "round1"):
+        frames = EpisodeStore.open(store).episode(0)["obs/images/top"]
+        assert frames.shape[1:] == (32, 48, 3) and frames.std() > 5
+    r = _cli("demo", "obs=pixels", f"out={tmp_path / 'x'}")
+    assert r.returncode == 2 and "obs='pixels'" in r.stderr
+
+
 @pytest.mark.slow  # ~2 min: the toy demo twice
 def test_a_killed_demo_resumes_where_it_stopped(tmp_path):
     """SIGKILL the demo while it collects RaC rollouts; `resume=true` reuses the recorded demos,
@@ -336,3 +355,35 @@ def test_a_killed_demo_resumes_where_it_stopped(tmp_path):
     assert (out / "pretrain" / "checkpoints" / "last.pt").read_bytes() == pretrained
     assert EpisodeStore.open(out / "interventions" / "round1").n_episodes == 6
     assert list((out / "interventions").glob("round1.interrupted-1"))
+
+
+def test_a_camera_policy_s_intervention_rollouts_and_demos_record_its_frames(tmp_path, checkpoints):
+    """RaC with cameras: the rollouts render the policy's cameras at its trained size and the store
+    keeps them beside every step (so a retrain can read them), as do the "more demos" baseline's
+    episodes; a camera policy without an image size is a one-line error."""
+    from robo_rl.data.store import EpisodeStore
+    from robo_rl.policies import load_policy, read_checkpoint
+    from robo_rl.policies.common import predictor
+    from robo_rl.runtime.chunking import ChunkingConfig
+    from robo_rl.sim.interventions import collect_expert_demos, collect_interventions
+    from robo_rl.sim.operator import OperatorConfig
+
+    policy = load_policy(read_checkpoint(checkpoints["camera"]))
+    keys = [*policy.shapes.lowdim, *policy.shapes.images]
+    assert keys == ["obs/qpos", "obs/images/top"] and policy.shapes.images["obs/images/top"] == (48, 64)
+    args = (predictor(policy), "transfer_cube", keys, policy.config.n_obs, policy.config.horizon,
+            ChunkingConfig(n_action_steps=8))
+    with pytest.raises(ConfigError, match="needs image_size"):
+        collect_interventions(*args, tmp_path / "x", episodes=1, seed=0, progress=False)
+    stats = collect_interventions(*args, tmp_path / "rac", episodes=2, seed=5, n_envs=2, image_size=(48, 64),
+                                  operator=OperatorConfig(patience_s=1.0), progress=False)
+    store = EpisodeStore.open(tmp_path / "rac")
+    assert store.n_episodes == 2 == stats.episodes
+    for e in range(2):
+        ep = store.episode(e)
+        frames = ep["obs/images/top"]
+        assert frames.shape == (len(ep["action"]), 48, 64, 3) and frames.dtype == np.uint8
+        assert np.abs(np.diff(frames.astype(np.int16), axis=0)).max() > 20  # the arms move in view: real renders
+    demos = collect_expert_demos("transfer_cube", tmp_path / "demos", seed=0, max_samples=50, cameras=["top"],
+                                 image_size=(48, 64))
+    assert demos.episodes >= 1 and EpisodeStore.open(tmp_path / "demos").episode(0)["obs/images/top"].shape[1:] == (48, 64, 3)

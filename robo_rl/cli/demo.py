@@ -42,15 +42,19 @@ def main(argv: list[str]) -> int:
     return run_app("demo", "demo", run, argv)
 
 
-def record_demos(task: str, out: Path, episodes: int, seed: int) -> dict[str, Any]:
-    """Scripted-expert teleop in the twin, each step handed to the background Recorder."""
+def record_demos(task: str, out: Path, episodes: int, seed: int, cameras: list[str] | None = None,
+                 image_size: tuple[int, int] = (96, 96)) -> dict[str, Any]:
+    """Scripted-expert teleop in the twin, each step handed to the background Recorder (with
+    `cameras` rendered at `image_size`, for a camera policy)."""
     from robo_rl.data.recorder import Recorder
     from robo_rl.data.schema import EpisodeMeta
     from robo_rl.sim.envs import BimanualEnv
     from robo_rl.sim.recording import demo_schema, demo_step
 
-    env = BimanualEnv(task, obs_mode="state")
-    schema = demo_schema(env, [], (0, 0))
+    cameras = list(cameras or [])
+    env = BimanualEnv(task, obs_mode="state+pixels" if cameras else "state", cameras=cameras or ("top",),
+                      image_size=tuple(image_size))
+    schema = demo_schema(env, cameras, tuple(image_size) if cameras else (0, 0))
     fps = env.robot.spec.control_hz
     kept = tries = 0
     with Recorder(out, schema, overwrite=True) as rec:
@@ -64,7 +68,7 @@ def record_demos(task: str, out: Path, episodes: int, seed: int) -> dict[str, An
             for k in range(env.max_steps):
                 prev = obs
                 obs, _, terminated, truncated, info = env.step(expert.act())
-                rec.add_step(demo_step(prev, info["executed_action"], []), timestamp=k / fps, segment="TELEOP")
+                rec.add_step(demo_step(prev, info["executed_action"], cameras), timestamp=k / fps, segment="TELEOP")
                 if terminated or truncated:
                     break
             if info["success"]:
@@ -100,8 +104,19 @@ def run(cfg: DictConfig) -> int:
     out = Path(cfg.out)
     stages = Stages(out, cfg, bool(cfg.resume))
     t_start = time.perf_counter()
-    obs_keys = ["obs/qpos", "obs/env_state"]
     policy_opts = OmegaConf.to_container(cfg.policy, resolve=True) or {}
+    if cfg.obs == "state":
+        cameras, image_size = [], None
+        obs_keys = ["obs/qpos", "obs/env_state"]
+    elif cfg.obs == "images":  # what a real arm can run: its cameras and joint positions, no object poses
+        cameras = [str(c) for c in cfg.cameras]
+        image_size = (int(cfg.image_size[0]), int(cfg.image_size[1]))
+        if not cameras:
+            raise ConfigError("demo: obs=images needs cameras, e.g. cameras=[top,right_wrist]")
+        obs_keys = ["obs/qpos", *(f"obs/images/{c}" for c in cameras)]
+        policy_opts.update(OmegaConf.to_container(cfg.image_policy, resolve=True) or {})
+    else:
+        raise ConfigError(f"demo: obs={cfg.obs!r}; choose state or images")
     device = resolve_device(str(cfg.device))
 
     def evaluate(policy: Any, name: str) -> dict[str, Any]:  # every row on the same seeds, one video each
@@ -125,7 +140,7 @@ def run(cfg: DictConfig) -> int:
 
         def record() -> dict[str, Any]:
             set_aside(demos)  # an interrupted recording's episodes are kept beside, not overwritten
-            return record_demos(cfg.task, demos, int(s["demos"]), int(cfg.seed))
+            return record_demos(cfg.task, demos, int(s["demos"]), int(cfg.seed), cameras, image_size or (96, 96))
 
         rec = stages.run("1 teleop demos", record)
 
@@ -169,7 +184,7 @@ def run(cfg: DictConfig) -> int:
             return collect_interventions(predictor(policy_now), cfg.task, obs_keys, base.config.n_obs,
                                          base.config.horizon, ChunkingConfig(**chunking), store,
                                          int(s["episodes_per_round"]), seed=200_000 + 100 * r, mode="rac",
-                                         n_envs=int(cfg.n_envs)).to_dict()
+                                         n_envs=int(cfg.n_envs), image_size=image_size).to_dict()
 
         st = stages.run(f"3 RaC rollouts, round {r}", collect)
         total_samples += st["operator_samples"]

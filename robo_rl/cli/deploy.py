@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from omegaconf import DictConfig
@@ -64,6 +65,18 @@ def live_step(live: Any) -> Any:
     return lambda obs, command: live.step(observation_values(obs, command), Segment.POLICY)
 
 
+def print_outcomes(outcomes: list[dict]) -> None:
+    """One row per episode (the twin's account of it), and the success rate with its 95% interval."""
+    from robo_rl.sim.rollout import wilson_interval
+
+    wins = sum(bool(o["success"]) for o in outcomes)
+    lo, hi = wilson_interval(wins, len(outcomes))
+    rows = [[str(i + 1), str(o["seed"]), "yes" if o["success"] else "no", str(o["stage"]), str(o["ticks"])]
+            for i, o in enumerate(outcomes)]
+    print_table(f"deploy: {wins}/{len(outcomes)} episodes succeeded ({wins / len(outcomes):.0%}, 95% CI "
+                f"[{lo:.0%}, {hi:.0%}])", ["episode", "seed", "success", "furthest stage", "ticks"], rows)
+
+
 def run(cfg: DictConfig) -> int:
     from robo_rl.policies.common import predictor
     from robo_rl.cli.session import close_session, listen_estop
@@ -83,6 +96,9 @@ def run(cfg: DictConfig) -> int:
 
         predict = value_guided(predict, cfg.critic, int(cfg.critic_samples), policy, cfg.task or ckpt.get("task"),
                                ckpt.get("chunking") or {})
+    episodes = cfg.episodes
+    if not isinstance(episodes, int) or isinstance(episodes, bool) or episodes < 1:
+        raise ConfigError(f"deploy: episodes={episodes!r}; give a number >= 1")
     robot, hardware = make_robot(cfg, policy, cfg.task or ckpt.get("task"))
     safety_cfg = SafetyConfig.from_yaml(hardware)
     ctl_cfg = controller_config(policy, ckpt.get("chunking") or {}, robot.spec.control_hz)
@@ -90,6 +106,7 @@ def run(cfg: DictConfig) -> int:
     if duration is None:
         duration = robot.env.max_steps / robot.spec.control_hz if cfg.robot == "sim" else 30.0
     live = keys = None
+    report, outcomes = None, []
     try:
         # view=true: the Rerun viewer (robo_rl/cli/view.py), first: if it cannot open, nothing was connected
         live = open_live_view(cfg, "deploy", robot.spec.joint_names)
@@ -99,12 +116,40 @@ def run(cfg: DictConfig) -> int:
         estop = EStop()
         listen_estop(robot, cfg.estop_topic, estop)
         keys = watch_estop_key(estop)
-        controller = Controller(robot, predict, ctl_cfg, on_record=None if live is None else live_step(live),
-                                safety=SafetyFilter(robot.spec, safety_cfg), watchdog=Watchdog(safety_cfg), estop=estop)
-        print(f"deploy {policy.name} on {cfg.robot} at {ctl_cfg.hz:.0f} Hz for {float(duration):.0f} s "
-              f"(space: e-stop{'' if cfg.robot == 'sim' else f', or True on {cfg.estop_topic}'}; Ctrl-C stops)",
-              flush=True)
-        report = controller.run(float(duration))
+        client = None
+        if cfg.robot != "sim":  # a twin serving a task (sim-bridge task=...) answers; a real robot does not
+            from robo_rl.hardware.ros2.episodes import EpisodeClient
+
+            client = EpisodeClient(robot.transport)
+        print(f"deploy {policy.name} on {cfg.robot} at {ctl_cfg.hz:.0f} Hz, {episodes} episode(s) of up to "
+              f"{float(duration):g} s (space: e-stop{'' if cfg.robot == 'sim' else f', or True on {cfg.estop_topic}'}; "
+              "Ctrl-C stops)", flush=True)
+        for k in range(episodes):
+            limit, stop, served = float(duration), None, None
+            if cfg.robot == "sim" and k > 0:
+                robot.reset(int(cfg.seed) + k)
+            elif client is not None:
+                served = client.start(k)
+                if served is not None:  # the twin reset its task: run on its fresh state, up to its time limit
+                    if not robot.wait_for_fresh(time.monotonic()):
+                        raise ConfigError("deploy: the twin reset its task but no fresh joint states or frames "
+                                          "followed within 2 s")
+                    limit = float(served["max_s"]) + 1.0
+                    stop = (lambda k=k: client.ended(k) is not None)
+            controller = Controller(robot, predict, ctl_cfg, on_record=None if live is None else live_step(live),
+                                    safety=SafetyFilter(robot.spec, safety_cfg), watchdog=Watchdog(safety_cfg),
+                                    estop=estop)
+            episode_report = controller.run(limit, stop=stop)
+            report = episode_report if report is None else report.add(episode_report)
+            if cfg.robot == "sim":
+                outcomes.append({"seed": int(cfg.seed) + k, "success": robot.success,
+                                 "stage": robot.env.task.stage_names[robot.max_stage], "ticks": episode_report.ticks})
+            elif served is not None:
+                ended = client.end(k)
+                if ended is not None:
+                    outcomes.append(ended)
+            if episode_report.stopped_reason or episode_report.interrupted:
+                break
     finally:
         if keys is not None:
             keys.set()
@@ -120,9 +165,12 @@ def run(cfg: DictConfig) -> int:
             ["safety: nonfinite, position, gripper, step, velocity",
              ", ".join(str(s.get(k, 0)) for k in ("nonfinite", "position_limit", "gripper_range", "step_limit",
                                                   "velocity_limit"))]]
-    if cfg.robot == "sim":
-        rows.append(["task stage reached", f"{robot.env.task.stage_names[robot.max_stage]} (success: {robot.success})"])
+    if len(outcomes) == 1:
+        o = outcomes[0]
+        rows.append(["task stage reached", f"{o['stage']} (success: {o['success']})"])
     print_table(f"deploy: {cfg.checkpoint}", ["measure", "value"], rows)
+    if len(outcomes) > 1:
+        print_outcomes(outcomes)
     if cfg.critic:  # issue 7
         print(predict.describe())
     if s["stopped_reason"]:

@@ -119,6 +119,8 @@ def run_rounds(cfg: DictConfig, ckpt: dict[str, Any], task: str, demos: str, n_d
     for m_index, method in enumerate(methods):
         data = out / method / "data"
         policy, predict, total = base, base_predict, CollectStats()
+        cameras = sorted(k.rsplit("/", 1)[-1] for k in base.shapes.images)  # a camera policy's rollouts record them
+        image_size = next(iter(base.shapes.images.values()), None)
         for r in range(1, (1 if method == "no_new_data" else int(cfg.rounds)) + 1):
             seed = 200_000 + 10_000 * int(cfg.seed) + 1_000 * m_index + 100 * r
             target = budget.get(r) if method != "rac" else None
@@ -128,7 +130,8 @@ def run_rounds(cfg: DictConfig, ckpt: dict[str, Any], task: str, demos: str, n_d
             elif method == "demos":
                 if need is None:  # no RaC run to match: as many demo steps as RaC episodes would take
                     need = int(cfg.episodes_per_round) * 200
-                st = collect_expert_demos(task, data, seed=300_000 + seed, max_samples=need)
+                st = collect_expert_demos(task, data, seed=300_000 + seed, max_samples=need, cameras=cameras,
+                                          image_size=image_size)
             else:
                 # a baseline runs until it matches RaC's operator samples; a human gets at most 3x the episodes
                 episodes = int(cfg.episodes_per_round) * (1 if target is None else 3 if human else 50)
@@ -136,7 +139,7 @@ def run_rounds(cfg: DictConfig, ckpt: dict[str, Any], task: str, demos: str, n_d
                 st = collect_interventions(predict, task, obs_keys, policy.config.n_obs, policy.config.horizon,
                                            chunk_cfg, data, episodes, seed, mode=method,
                                            n_envs=1 if human else int(cfg.n_envs), operator=op_cfg,
-                                           max_operator_samples=need, **human_opts)
+                                           max_operator_samples=need, image_size=image_size, **human_opts)
                 if human_session:
                     human_session.close_view()
             total.add(st)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from omegaconf import DictConfig, OmegaConf
 
 from robo_rl.cli.app import run_app
+from robo_rl.cli.tables import print_table
 from robo_rl.errors import ConfigError
 
 
@@ -26,12 +27,16 @@ def run(cfg: DictConfig) -> int:
     bridge = SimBridge(str(cfg.robot), str(cfg.scene), cfg.domain_id, prefer=str(cfg.transport),
                        cameras=[str(c) for c in cameras], camera_hz=float(cfg.camera_hz),
                        image_size=(int(size[0]), int(size[1])),
-                       image_type=None if cfg.image_type is None else str(cfg.image_type))
+                       image_type=None if cfg.image_type is None else str(cfg.image_type),
+                       task=None if cfg.task is None else str(cfg.task), seed=int(cfg.seed),
+                       episodes=None if cfg.episodes is None else int(cfg.episodes), disturb=bool(cfg.disturb),
+                       max_steps=None if cfg.max_steps is None else int(cfg.max_steps))
     arms = ", ".join(f"{a.joint_states} -> {a.command}" for a in bridge.config.arms)
     cams = "".join(f", {c.name} -> {c.topic} ({c.type})" for c in bridge.cameras)
     if cams:
         cams += f" at {cfg.camera_hz:g} Hz, {bridge.image_size[1]}x{bridge.image_size[0]}"
-    print(f"sim-bridge: serving {cfg.robot} ({cfg.scene}) on ROS domain {bridge.config.domain_id} "
+    what = f"task {cfg.task} (seeds from {cfg.seed})" if cfg.task is not None else cfg.scene
+    print(f"sim-bridge: serving {cfg.robot} ({what}) on ROS domain {bridge.config.domain_id} "
           f"({bridge.transport.name}): {arms}{cams}", flush=True)
     try:
         bridge.run(None if cfg.duration is None else float(cfg.duration))
@@ -39,4 +44,18 @@ def run(cfg: DictConfig) -> int:
         print(f"sim-bridge: {bridge.tick_summary()}", flush=True)
         print(f"sim-bridge: {bridge.commands_received} commands received, {bridge.commands_refused} refused", flush=True)
         bridge.close()
+        if bridge.results:
+            print_episodes(bridge.results)
     return 0
+
+
+def print_episodes(results: list[dict]) -> None:
+    """The served episodes, one row each, and the success rate with its 95% Wilson interval."""
+    from robo_rl.sim.rollout import wilson_interval
+
+    rows = [[str(i + 1), str(r["seed"]), "yes" if r["success"] else "no", r["stage"], str(r["ticks"]), r["reason"]]
+            for i, r in enumerate(results)]
+    wins = sum(bool(r["success"]) for r in results)
+    lo, hi = wilson_interval(wins, len(results))
+    print_table(f"sim-bridge: {wins}/{len(results)} episodes succeeded ({wins / len(results):.0%}, 95% CI "
+                f"[{lo:.0%}, {hi:.0%}])", ["episode", "seed", "success", "furthest stage", "ticks", "ended by"], rows)

@@ -49,6 +49,8 @@ class LearnerConfig:
     keep_checkpoints: int = 2      # numbered checkpoints kept besides last.pt
     eval_every: int = 0            # 0 = evaluate only at the end (when an evaluator is given)
     max_minutes: float = 0.0       # stop early (checkpointed) after this much wall time; 0 = no limit
+    fit_schedule: bool = True      # with max_minutes: measure the rate over the first steps and end the cosine
+                                   # at the steps that fit in the time (a schedule cut off mid-decay trains worse)
     seed: int = 0
     device: str = "auto"           # auto | cpu | cuda | cuda:N
     threads: int = 0               # CPU threads for torch; 0 = torch's default
@@ -201,8 +203,11 @@ class Learner:
             self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, fused=True)
         except (RuntimeError, ValueError):  # an older torch or a device without the fused kernel
             self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas)
+        # the schedule's length: cfg.steps, or fewer once fitted to learner.max_minutes (`_fit_schedule`)
+        self.total_steps, self.schedule_fitted = cfg.steps, False
+        self.schedule_fixed = False  # a resumed run keeps the length its first process fitted
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: warmup_cosine(s, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio))
+            self.optimizer, lambda s: warmup_cosine(s, cfg.warmup_steps, self.total_steps, cfg.min_lr_ratio))
         self.generator = torch.Generator(device=self.device if on_cuda else "cpu")
         self.generator.manual_seed(cfg.seed * 1000 + self.dist.rank)
         bf16 = str(cfg.bf16).lower()
@@ -225,7 +230,8 @@ class Learner:
     def state(self) -> dict[str, Any]:
         return {"step": self.step, "model": self.model.state_dict(), "ema": self.ema.state_dict(),
                 "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                "rng": rng_state(self.generator), "learner": asdict(self.cfg), **self.extra}
+                "rng": rng_state(self.generator), "learner": asdict(self.cfg), "total_steps": self.total_steps,
+                "schedule_fitted": self.schedule_fitted, **self.extra}
 
     def save(self) -> Path | None:
         if not self.dist.main:
@@ -253,6 +259,8 @@ class Learner:
         self.optimizer.load_state_dict(ckpt["optimizer"])
         self.scheduler.load_state_dict(ckpt["scheduler"])
         self.step = int(ckpt["step"])
+        if ckpt.get("schedule_fitted"):  # a resumed run keeps the length its first process fitted
+            self.total_steps, self.schedule_fitted, self.schedule_fixed = int(ckpt["total_steps"]), True, True
         # Each rank resumes its own stream; rank r > 0 reseeds deterministically from the step.
         if self.dist.main:
             set_rng_state(ckpt["rng"], self.generator)
@@ -362,8 +370,9 @@ class Learner:
         if main and self.progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=cfg.steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True)
+            bar = tqdm(total=self.total_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True)
         t_start, t_window, steps_window, n_loss = time.perf_counter(), time.perf_counter(), 0, 0
+        first_step, t_rate = self.step, None  # the rate for the schedule is timed from this process's 10th step
         loss_sum = torch.zeros((), device=self.device)
 
         def window_loss() -> float:  # the one wait for the device per log window
@@ -379,12 +388,22 @@ class Learner:
             signal.signal(signal.SIGTERM, lambda *_: stop.update(flag=True))  # finish the step, checkpoint, exit
         final_eval: dict[str, Any] = {}
         try:
-            while self.step < cfg.steps and not stop["flag"]:
+            while self.step < self.total_steps and not stop["flag"]:
                 loss_sum += self._step().float()
                 n_loss, steps_window = n_loss + 1, steps_window + 1
                 if bar is not None:
                     bar.update()
-                if self.step % cfg.log_every == 0 or self.step == cfg.steps:
+                done_here = self.step - first_step
+                if done_here == 10:
+                    t_rate = time.perf_counter()
+                # fitted once the warm-up is timed, then refitted every 50 steps with the rate so far
+                # (the first steps run slower than the rest: one early figure ended runs minutes short)
+                fit_at = max(cfg.warmup_steps, 100) + 10
+                if (cfg.max_minutes and cfg.fit_schedule and t_rate is not None and done_here >= fit_at
+                        and (done_here - fit_at) % 50 == 0 and (done_here == fit_at or not self.schedule_fixed)):
+                    self._fit_schedule((done_here - 10) / (time.perf_counter() - t_rate),
+                                       cfg.max_minutes * 60 - (time.perf_counter() - t_start), bar)
+                if self.step % cfg.log_every == 0 or self.step == self.total_steps:
                     now = time.perf_counter()
                     rate = steps_window / max(now - t_window, 1e-9)
                     self.last_loss = window_loss()
@@ -405,9 +424,11 @@ class Learner:
                     if n_loss:
                         window_loss()  # never checkpoint weights a non-finite loss went into
                     self.save()
-                if main and self.evaluate and cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
+                if main and self.evaluate and cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < self.total_steps:
                     self._evaluate(writer, bar)
-                if cfg.max_minutes and time.perf_counter() - t_start > cfg.max_minutes * 60:
+                # a fitted schedule a few steps from its end finishes them rather than stop mid-decay
+                finishing = self.schedule_fitted and self.total_steps - self.step <= max(50, self.total_steps // 50)
+                if cfg.max_minutes and time.perf_counter() - t_start > cfg.max_minutes * 60 and not finishing:
                     if bar is not None:
                         bar.write(f"learner.max_minutes={cfg.max_minutes} reached at step {self.step}; stopping")
                     break
@@ -431,6 +452,32 @@ class Learner:
             writer.close()
         return {"step": self.step, "loss": self.last_loss, "train_time_s": time.perf_counter() - t_start,
                 "stopped": stop["flag"], "eval": final_eval}
+
+    def _fit_schedule(self, steps_per_s: float, seconds_left: float, bar: Any) -> None:
+        """End the cosine at the steps that fit in the time left (with 3% to spare for
+        checkpoints), never past learner.steps. Under DDP every rank takes rank 0's figure, so all
+        ranks stop at the same step. metrics.jsonl records the first figure; checkpoints the latest."""
+        fits = min(self.cfg.steps, self.step + int(steps_per_s * max(seconds_left, 0.0) * 0.97))
+        if self.dist.world > 1:
+            import torch.distributed as dist
+
+            t = torch.tensor([fits], device=self.device)
+            dist.broadcast(t, 0)
+            fits = int(t.item())
+        first = not self.schedule_fitted
+        self.schedule_fitted = True
+        if fits >= self.total_steps and first:
+            return
+        self.total_steps = max(self.step + 1, fits)
+        if bar is not None:
+            bar.total = self.total_steps
+            bar.refresh()
+        if self.dist.main and first:
+            msg = (f"learner.max_minutes={self.cfg.max_minutes}: {steps_per_s:.2f} steps/s, so the schedule ends at "
+                   f"step {self.total_steps} instead of {self.cfg.steps} (learner.fit_schedule=false keeps it)")
+            (bar.write if bar is not None else print)(msg)
+            with open(self.run_dir / "metrics.jsonl", "a") as f:
+                f.write(json.dumps({"step": self.step, "scheduled_steps": self.total_steps, "steps_per_s": steps_per_s}) + "\n")
 
     def _evaluate(self, writer: Any, bar: Any) -> dict[str, Any]:
         t = time.perf_counter()

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 from robo_rl.data.plots import save_figure
 
 MAX_PANELS = 12
-NOT_METRICS = {"step", "time_s", "eval_time_s"}  # bookkeeping, not learning (as are *_per_s rates)
+NOT_METRICS = {"step", "time_s", "eval_time_s", "scheduled_steps"}  # bookkeeping, not learning (as are *_per_s rates)
 SPLIT_PREFIXES = ("train_", "heldout_", "val_")  # train_td_error / heldout_td_error: one panel
 
 
@@ -145,8 +145,10 @@ def _success_plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
         ax.fill_between(steps, low, high, alpha=0.2, label="95% interval")
     elif banded:  # one evaluation: a band needs two points
         r = banded[0]
-        ax.errorbar(steps, [r["success_rate"]], yerr=[[r["success_rate"] - low[0]], [high[0] - r["success_rate"]]],
-                    capsize=4, color="tab:blue", alpha=0.5, label="95% interval")
+        # a Wilson bound at 0% or 100% can sit a rounding error past the rate: matplotlib refuses that
+        below, above = max(0.0, r["success_rate"] - low[0]), max(0.0, high[0] - r["success_rate"])
+        ax.errorbar(steps, [r["success_rate"]], yerr=[[below], [above]], capsize=4, color="tab:blue", alpha=0.5,
+                    label="95% interval")
     ax.plot([r["step"] for r in rows], [r["success_rate"] for r in rows], marker="o", label="success rate")
     ax.set_ylim(0, 1)
     ax.set_xlabel("step")

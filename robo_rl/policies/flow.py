@@ -26,6 +26,11 @@ class FlowConfig(ChunkConfig):
     beta_a: float = 1.5
     beta_b: float = 1.0
     time_scale: float = 1000.0      # tau in [0, 1] is embedded as tau * time_scale (same range as DDPM steps)
+    # Camera policies: the observation encoder is most of a step's cost, and the flow loss gives it a
+    # noisy signal. Several (noise, tau) draws per encoded window, and an auxiliary regression of the
+    # chunk from the observation alone (a head used only in training), both feed it more per frame.
+    noise_samples: int = 1          # flow-loss draws per window (the encoding is shared)
+    aux_chunk_weight: float = 0.0   # weight of the chunk-regression loss (0: no head)
 
     def validate(self) -> None:
         super().validate()
@@ -33,6 +38,16 @@ class FlowConfig(ChunkConfig):
             raise ConfigError(f"policy.time_sampling={self.time_sampling!r}; choose uniform or beta")
         if self.inference_steps < 1:
             raise ConfigError(f"policy.inference_steps must be >= 1, got {self.inference_steps}")
+        if self.noise_samples < 1 or self.aux_chunk_weight < 0:
+            raise ConfigError(f"policy.noise_samples={self.noise_samples} must be >= 1 and policy.aux_chunk_weight="
+                              f"{self.aux_chunk_weight} >= 0")
+
+
+def _repeat_masks(batch: Mapping[str, torch.Tensor], k: int) -> Mapping[str, torch.Tensor]:
+    """The per-action masks of a batch, for k draws per window stacked along the batch."""
+    if k == 1:
+        return batch
+    return {key: batch[key].repeat(k, 1) for key in ("action_is_pad", "action_is_cut") if key in batch}
 
 
 class FlowPolicy(nn.Module):
@@ -45,6 +60,10 @@ class FlowPolicy(nn.Module):
         self.body = ChunkBody(config, shapes, stats)
         if config.time_sampling == "beta":
             self._beta = torch.distributions.Beta(torch.tensor(config.beta_a), torch.tensor(config.beta_b))
+        self.aux_head = None  # training only: the chunk regressed from the observation conditioning
+        if config.aux_chunk_weight > 0:
+            self.aux_head = nn.Sequential(nn.Linear(config.obs_dim, 512), nn.Mish(),
+                                          nn.Linear(512, config.horizon * shapes.action_dim))
 
     def sample_time(self, n: int, device: torch.device) -> torch.Tensor:
         if self.config.time_sampling == "beta":
@@ -57,11 +76,19 @@ class FlowPolicy(nn.Module):
     def loss(self, batch: Mapping[str, torch.Tensor], weights: torch.Tensor | None = None) -> torch.Tensor:
         actions = self.body.action_norm.normalize(batch[self.shapes.action_key].float())
         cond = self.body.encode(batch)
-        x0 = torch.randn_like(actions)
-        tau = self.sample_time(actions.shape[0], actions.device)
-        x_tau = (1 - tau[:, None, None]) * x0 + tau[:, None, None] * actions
-        err = self.velocity(x_tau, tau, cond) - (actions - x0)
-        return weighted_mean(self.body.per_sample_loss(err, batch), weights)
+        k = self.config.noise_samples
+        target, cond_k = (actions, cond) if k == 1 else (actions.repeat(k, 1, 1), cond.repeat(k, 1))
+        x0 = torch.randn_like(target)
+        tau = self.sample_time(target.shape[0], target.device)
+        x_tau = (1 - tau[:, None, None]) * x0 + tau[:, None, None] * target
+        err = self.velocity(x_tau, tau, cond_k) - (target - x0)
+        per_sample = self.body.per_sample_loss(err, _repeat_masks(batch, k))
+        if k > 1:
+            per_sample = per_sample.view(k, -1).mean(0)
+        if self.aux_head is not None:
+            guess = self.aux_head(cond).view_as(actions)
+            per_sample = per_sample + self.config.aux_chunk_weight * self.body.per_sample_loss(guess - actions, batch)
+        return weighted_mean(per_sample, weights)
 
     def forward(self, batch: Mapping[str, torch.Tensor], weights: torch.Tensor | None = None) -> torch.Tensor:
         return self.loss(batch, weights)  # DDP synchronises gradients of forward()

@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Mapping, Protocol
 
 import numpy as np
@@ -71,6 +71,23 @@ class ControllerReport:
     stopped_reason: str = ""
     interrupted: bool = False         # Ctrl-C ended the run (a normal way to stop teleop)
     safety: dict[str, int] = field(default_factory=dict)
+
+    def add(self, other: "ControllerReport") -> "ControllerReport":
+        """Fold in the report of a later run (the next episode): counts add up, samples join."""
+        for f in fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if isinstance(mine, list):
+                mine.extend(theirs)
+            elif isinstance(mine, dict):
+                for k, v in theirs.items():
+                    mine[k] = mine.get(k, 0) + v
+            elif isinstance(mine, bool):
+                setattr(self, f.name, mine or theirs)
+            elif isinstance(mine, int):
+                setattr(self, f.name, mine + theirs)
+            elif theirs:  # the stop reason: the latest
+                setattr(self, f.name, theirs)
+        return self
 
     def summary(self) -> dict[str, Any]:
         def pct(x: list[float], q: float) -> float:

@@ -10,6 +10,12 @@ Cameras (none unless asked for): each renders at `camera_hz` onto its `ros2.came
 sensor_msgs/Image (rgb8) or a CompressedImage (JPEG). Rendering happens in the control loop, on
 the thread that owns the GL context, one camera per tick where the rates allow: the cameras' turns
 are spread over the ticks so no single tick renders them all.
+
+Serving a task (`task=transfer_cube`): the scene is the task's, and episodes follow the protocol of
+robo_rl/hardware/ros2/episodes.py: deploy's `start` resets the task to the next seed (`seed`,
+`seed + 1`, ...), and the episode ends at the task's success, at its time limit, or at deploy's
+`end`, each reported on the status topic with the furthest stage reached. The task's disturbances
+happen as in `robo-rl eval` (`disturb`). After `episodes` episodes the bridge stops.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import mujoco
 import numpy as np
 
 from robo_rl.errors import ConfigError
+from robo_rl.hardware.ros2.episodes import EpisodeServer
 from robo_rl.hardware.ros2.messages import CompressedImage, Header, Image, JointState, Time
 from robo_rl.hardware.ros2.robot import (COMMAND_TYPES, IMAGE_TYPES, ArmTopics, CameraTopic, Ros2Config, from_wire,
                                          to_wire)
@@ -53,8 +60,26 @@ class JpegEncoder:
 class SimBridge:
     def __init__(self, robot: str = "aloha", scene: str = "aloha.xml", domain_id: int | None = None,
                  transport: Any = None, prefer: str = "auto", cameras: Sequence[str] = (), camera_hz: float = 15.0,
-                 image_size: tuple[int, int] = (240, 320), image_type: str | None = None):
-        self.sim = SimRobot(scene, robot=robot, cameras=[])
+                 image_size: tuple[int, int] = (240, 320), image_type: str | None = None, task: str | None = None,
+                 seed: int = 100_000, episodes: int | None = None, disturb: bool = True, max_steps: int | None = None):
+        self.env = None
+        if task is not None:  # the task's scene, reset per episode through the episode protocol
+            from robo_rl.sim.envs import BimanualEnv
+            from robo_rl.sim.tasks import TASKS
+
+            if task not in TASKS:
+                raise ConfigError(f"sim-bridge: task={task!r} unknown; tasks are {sorted(TASKS)}")
+            if episodes is not None and int(episodes) < 1:
+                raise ConfigError(f"sim-bridge: episodes={episodes}; give a number >= 1, or null to serve on")
+            self.env = BimanualEnv(task, obs_mode="state", disturb=disturb, max_steps=max_steps)
+            self.env.reset(seed=seed)
+            self.sim = self.env.robot
+        else:
+            self.sim = SimRobot(scene, robot=robot, cameras=[])
+        self.seed, self.max_episodes = int(seed), None if episodes is None else int(episodes)
+        self.episode: dict | None = None   # the episode being served: key (run, number), seed, ticks, max_stage
+        self.results: list[dict] = []       # every ended episode's status, in order
+        self.episodes_started = 0
         self.config = Ros2Config.from_yaml(robot, self.sim.spec)
         if domain_id is not None:
             self.config = dataclasses.replace(self.config, domain_id=int(domain_id))
@@ -88,6 +113,71 @@ class SimBridge:
         # camera i first renders at tick i * every / n, then every `every` ticks (a float: 50 / 15 Hz)
         self._every = self.sim.spec.control_hz / float(camera_hz) if self.cameras else 0.0
         self._due = [i * self._every / max(1, len(self.cameras)) for i in range(len(self.cameras))]
+        self.episodes = EpisodeServer(transport) if self.env is not None else None
+
+    @property
+    def done(self) -> bool:
+        """Served the episodes asked for (never, without a task or an `episodes` count)."""
+        return self.max_episodes is not None and len(self.results) >= self.max_episodes
+
+    # ------------------------------------------------------------------ episodes (task mode)
+    def _handle_requests(self) -> list[dict]:
+        """Apply deploy's requests on the control thread; returns the statuses to publish once
+        this tick's joint states are out (a `started` must not arrive before the new state)."""
+        out = []
+        for req in self.episodes.take_requests():
+            key, ep = (req["run"], req["episode"]), self.episode
+            same = ep is not None and ep["key"] == key
+            if req["event"] == "start":
+                if same:  # a repeated request: answer again
+                    out.append(self._started(ep) if ep["active"] else ep["ended"])
+                else:  # DDS delivers one writer's messages in order: a new key is a new episode
+                    if ep is not None and ep["active"]:
+                        out.append(self._end(ep, "ended by deploy"))
+                    out.append(self._started(self._start(key)))
+            elif same:  # end
+                out.append(self._end(ep, "ended by deploy") if ep["active"] else ep["ended"])
+        return out
+
+    def _start(self, key: tuple[str, int]) -> dict:
+        seed = self.seed + self.episodes_started
+        self.episodes_started += 1
+        self.env.reset(seed=seed)
+        with self._lock:  # hold the new scene's pose until deploy's first command of this episode
+            self._command = self.sim.joint_positions().astype(np.float64)
+        self.episode = {"key": key, "seed": seed, "ticks": 0, "max_stage": 0, "active": True, "ended": None}
+        return self.episode
+
+    def _started(self, ep: dict) -> dict:
+        return {"event": "started", "run": ep["key"][0], "episode": ep["key"][1], "seed": ep["seed"],
+                "max_s": self.env.max_steps / self.sim.spec.control_hz}
+
+    def _end(self, ep: dict, reason: str) -> dict:
+        task = self.env.task
+        ep["active"] = False
+        ep["ended"] = {"event": "ended", "run": ep["key"][0], "episode": ep["key"][1], "seed": ep["seed"],
+                       "success": ep["max_stage"] == len(task.stage_names) - 1,
+                       "stage": task.stage_names[ep["max_stage"]], "max_stage": ep["max_stage"], "ticks": ep["ticks"],
+                       "reason": reason}
+        self.results.append(ep["ended"])
+        e = ep["ended"]
+        print(f"sim-bridge: episode {e['episode']} (seed {e['seed']}): {'success' if e['success'] else 'failure'}, "
+              f"stage {e['stage']}, {e['ticks']} ticks ({reason})", flush=True)
+        return ep["ended"]
+
+    def _track(self) -> dict | None:
+        """After a physics step: the task's stage, and the episode's end at success or time limit."""
+        ep = self.episode
+        if ep is None or not ep["active"]:
+            return None
+        ep["ticks"] += 1
+        stage = self.env.task.stage(self.sim)
+        ep["max_stage"] = max(ep["max_stage"], stage)
+        if ep["max_stage"] == len(self.env.task.stage_names) - 1:
+            return self._end(ep, "success")
+        if ep["ticks"] >= self.env.max_steps:
+            return self._end(ep, "time limit")
+        return None
 
     def _check_cameras(self, names: Sequence[str], camera_hz: float, image_size, image_type) -> tuple[CameraTopic, ...]:
         cams = self.config.camera_topics(list(names), "sim-bridge")
@@ -125,10 +215,18 @@ class SimBridge:
 
     def step(self) -> None:
         """One control tick: apply the newest command, step, publish joint states, and render and
-        publish the camera frames that are due."""
+        publish the camera frames that are due. Serving a task, deploy's episode requests are
+        applied first and the episode's stage is tracked."""
+        statuses = self._handle_requests() if self.episodes is not None else []
         with self._lock:
             command = self._command.copy()
         self.sim.act(command)
+        if self.env is not None:
+            if self.env.disturb:
+                self.env.task.disturb(self.sim)
+            ended = self._track()
+            if ended is not None:
+                statuses.append(ended)
         qpos, qvel = self.sim.joint_positions(), self.sim.joint_velocities()
         wire = to_wire(self.sim.spec, qpos)
         stamp = Time.now()
@@ -140,6 +238,8 @@ class SimBridge:
                 self._due[i] += self._every
                 self._publish_frame[cam.name](self._frame_message(cam, self.render(cam.name), stamp))
                 self.frames_published += 1
+        for status in statuses:
+            self.episodes.publish(**status)
         self.ticks += 1
 
     def render(self, camera: str) -> np.ndarray:
@@ -161,7 +261,12 @@ class SimBridge:
         period = 1.0 / self.sim.spec.control_hz
         start = time.perf_counter()
         next_tick = start
+        done_at = None
         while duration_s is None or time.perf_counter() - start < duration_s:
+            if self.done:  # serve on for half a second, so the last episode's status reaches deploy
+                done_at = done_at or time.perf_counter()
+                if time.perf_counter() - done_at > 0.5:
+                    break
             t0 = time.perf_counter()
             self.step()
             self.tick_s.append(time.perf_counter() - t0)

@@ -97,6 +97,7 @@ def collect_interventions(
     realtime: bool = False,
     on_tick: Callable[[BimanualEnv, InterventionController], None] | None = None,
     disturb: bool = True,
+    image_size: tuple[int, int] | None = None,
 ) -> CollectStats:
     """Run `episodes` intervention rollouts (seeds seed, seed+1, ...) and append them to the store
     at `out` (created with the twin's demo schema if missing). With `max_operator_samples`, no new
@@ -106,14 +107,19 @@ def collect_interventions(
     A human operator: `make_operator(env)` builds each env's Operator (e.g. a TeleopOperator on a
     keyboard) instead of the simulated one, `realtime` paces the ticks at the robot's control
     rate, and `on_tick(env, controller)` runs after each tick (a viewer's sync, a status line).
-    The rollouts meet the task's disturbances (`disturb`), as evaluation does."""
+    The rollouts meet the task's disturbances (`disturb`), as evaluation does. A camera policy
+    (image keys in `obs_keys`) sees those cameras rendered at `image_size`, and the store records
+    them with the rest of each step."""
     if episodes < 1 or n_envs < 1:
         raise ConfigError(f"interventions: episodes and n_envs must be >= 1 (got {episodes}, {n_envs})")
-    if any(k.startswith("obs/images/") for k in obs_keys):
-        raise ConfigError("interventions: image policies are not supported in intervention rollouts yet; use state observations")
+    cameras = [k[len("obs/images/"):] for k in obs_keys if k.startswith("obs/images/")]
+    if cameras and image_size is None:
+        raise ConfigError("interventions: a camera policy needs image_size (the size it was trained at)")
+    size = tuple(int(v) for v in image_size) if cameras else (0, 0)
     n_envs = min(n_envs, episodes)
-    envs = [BimanualEnv(task, obs_mode="state", disturb=disturb) for _ in range(n_envs)]
-    schema = demo_schema(envs[0], [], (0, 0))
+    envs = [BimanualEnv(task, obs_mode="state+pixels" if cameras else "state", cameras=cameras or ("top",),
+                        image_size=size if cameras else (240, 320), disturb=disturb) for _ in range(n_envs)]
+    schema = demo_schema(envs[0], cameras, size)
     store = EpisodeStore.open_or_create(out, schema)
     fps = envs[0].robot.spec.control_hz
     icfg = InterventionConfig(mode=mode)
@@ -209,7 +215,7 @@ def collect_interventions(
                         execs[i].reset()  # HG-DAgger hand-back: the policy plans afresh from here
                     prev = obs_now[i]
                     obs, _, terminated, truncated, info = env.step(action)
-                    buffers[i].append(demo_step(prev, info["executed_action"], []))
+                    buffers[i].append(demo_step(prev, info["executed_action"], cameras))
                     labels[i].append(int(label))
                     op_steps[i] += int(label) in OPERATOR_LABELS
                     meta[i]["max_stage"] = max(meta[i]["max_stage"], int(info["max_stage"]))
@@ -233,17 +239,24 @@ def collect_interventions(
 
 
 def collect_expert_demos(task: str, out: str | Path, seed: int, max_samples: int, max_episodes: int = 10_000,
-                         noise: ExpertNoise | None = None) -> CollectStats:
+                         noise: ExpertNoise | None = None, cameras: Sequence[str] = (),
+                         image_size: tuple[int, int] | None = None) -> CollectStats:
     """The "more expert demos" baseline: successful scripted-expert episodes (human-like noise)
-    appended to `out` until they hold `max_samples` steps, all counted as operator samples."""
-    env = BimanualEnv(task, obs_mode="state")
-    schema = demo_schema(env, [], (0, 0))
+    appended to `out` until they hold `max_samples` steps, all counted as operator samples
+    (with `cameras` rendered at `image_size`, for a camera policy)."""
+    cameras = list(cameras)
+    size = tuple(int(v) for v in image_size) if cameras and image_size is not None else (0, 0)
+    if cameras and image_size is None:
+        raise ConfigError("expert demos: cameras need image_size")
+    env = BimanualEnv(task, obs_mode="state+pixels" if cameras else "state", cameras=cameras or ("top",),
+                      image_size=size if cameras else (240, 320))
+    schema = demo_schema(env, cameras, size)
     store = EpisodeStore.open_or_create(out, schema)
     fps = env.robot.spec.control_hz
     stats, t0, tries = CollectStats(), time.perf_counter(), 0
     with store:
         while stats.operator_samples < max_samples and tries < max_episodes:
-            data, ok, facts = expert_episode(env, seed + tries, noise or ExpertNoise())
+            data, ok, facts = expert_episode(env, seed + tries, noise or ExpertNoise(), cameras)
             tries += 1
             n = len(data["action"])
             stats.operator_time_s += n / fps  # a failed demo still cost the operator its time

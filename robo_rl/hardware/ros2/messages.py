@@ -262,6 +262,13 @@ class Bool(IdlStruct, typename=ros_type("std_msgs", "Bool")):
     data: bool = False
 
 
+@dataclass
+class String(IdlStruct, typename=ros_type("std_msgs", "String")):
+    """The episode topics' message (JSON text, robo_rl/hardware/ros2/episodes.py)."""
+
+    data: str = ""
+
+
 MESSAGES = {cls.__name__: cls for cls in (JointState, JointTrajectory, JointTrajectoryPoint, Float64MultiArray,
-                                          Image, CompressedImage, Bool, Header, Time, Duration)}
+                                          Image, CompressedImage, Bool, String, Header, Time, Duration)}
 

@@ -20,6 +20,7 @@ which the Controller applies before `act`).
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -246,6 +247,17 @@ class Ros2Robot:
         with self._lock:
             times = list(self._arrived.values())
         return None if any(t is None for t in times) else min(times)
+
+    def wait_for_fresh(self, since: float, timeout_s: float = 2.0) -> bool:
+        """Wait until every arm's joint state and every read camera's frame arrived after `since`
+        (monotonic), e.g. after the twin reset its scene; False if that took over `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            frames = [r.read() for r in self.camera_readers.values()]
+            if (self.last_update or -math.inf) > since and all(f is not None and f[1] > since for f in frames):
+                return True
+            time.sleep(0.002)
+        return False
 
     def _waiting_for_frames(self) -> list[CameraTopic]:
         return [c for c in self._required_cameras if self.camera_readers[c.name].read() is None]
