@@ -20,7 +20,7 @@
     fp32 and bf16; then the raw step (forward + backward + AdamW) at batch 256 for the default
     backbones, fp32 vs bf16 autocast, eager vs torch.compile (--learner-only skips these).
 
-    python bench/policy.py [--quick] [--only latency|train|gpu] [--learner-only] [--reps 200]
+    python bench/policy.py [--quick] [--only latency|train|cameras|gpu] [--learner-only] [--reps 200]
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ def learner_rate(cuda_graph: str, bf16: str, seconds: float) -> tuple[float, flo
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer repetitions, shorter timings")
-    ap.add_argument("--only", choices=["latency", "train", "gpu"])
+    ap.add_argument("--only", choices=["latency", "train", "cameras", "gpu"])  # cameras: table b3 alone
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--learner-only", action="store_true", help="GPU: only the Learner rows (no torch.compile)")
     args = ap.parse_args()
@@ -211,6 +211,7 @@ def main() -> None:
         console.print(t)
         torch.set_num_threads(threads)
 
+    flags = cpu_flags()
     if args.only in (None, "train"):
         t = table(f"(b) CPU training steps/s ({threads} threads)", ["policy", "observations", "batch", "steps/s",
                                                                     "samples/s"])
@@ -220,7 +221,7 @@ def main() -> None:
                     r = train_rate(make_policy(name, opts, shapes), shapes, b, "cpu", seconds)
                     t.add_row(label.split(" K=")[0].split(" DDIM")[0], obs_label, str(b), f"{r:.1f}", f"{r * b:.0f}")
         console.print(t)
-        flags = cpu_flags()
+    if args.only in (None, "train", "cameras"):
         t = table(f"(b3) camera policies: flow, 2 cams 96x96 + qpos, batch 128 ({threads} threads; CPU "
                   f"{'has' if 'avx512_bf16' in flags else 'lacks'} AVX512-BF16)",
                   ["camera encoder, backbone, frames per window", "params", "fp32 steps/s", "bf16 autocast steps/s",
@@ -236,6 +237,7 @@ def main() -> None:
             base = base or max(r32, r16)
             t.add_row(label, f"{n / 1e6:.2f}M", f"{r32:.1f}", f"{r16:.1f}", f"{max(r32, r16) / base:.1f}x")
         console.print(t)
+    if args.only in (None, "train"):
         t = table(f"(b2) task-sized low-dim backbones, batch 128 ({threads} threads; CPU "
                   f"{'has' if 'avx512_bf16' in flags else 'lacks'} AVX512-BF16)",
                   ["policy", "params", "fp32 steps/s", "bf16 autocast steps/s", "fp32 + torch.compile steps/s",
