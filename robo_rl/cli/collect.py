@@ -21,8 +21,7 @@ def main(argv: list[str]) -> int:
 
 
 def run(cfg: DictConfig) -> int:
-    from robo_rl.sim.recording import demo_schema, expert_episode
-    from robo_rl.sim.envs import BimanualEnv
+    from robo_rl.sim.recording import expert_episode, recording_env
     from robo_rl.sim.expert import ExpertNoise
 
     if cfg.episodes < 1:
@@ -31,8 +30,7 @@ def run(cfg: DictConfig) -> int:
         raise ConfigError(f"collect: noise={cfg.noise!r}; choose human or none")
     cameras = list(cfg.cameras or [])
     size = tuple(cfg.image_size)
-    env = BimanualEnv(cfg.task, obs_mode="state+pixels" if cameras else "state", cameras=cameras or ("top",), image_size=size)
-    schema = demo_schema(env, cameras, size)
+    env, schema = recording_env(cfg.task, cameras, size)
     out = Path(cfg.out)
     try:
         store = EpisodeStore.open_or_create(out, schema, overwrite=bool(cfg.overwrite))

@@ -43,18 +43,15 @@ def main(argv: list[str]) -> int:
 
 
 def record_demos(task: str, out: Path, episodes: int, seed: int, cameras: list[str] | None = None,
-                 image_size: tuple[int, int] = (96, 96)) -> dict[str, Any]:
+                 image_size: tuple[int, int] | None = None) -> dict[str, Any]:
     """Scripted-expert teleop in the twin, each step handed to the background Recorder (with
     `cameras` rendered at `image_size`, for a camera policy)."""
     from robo_rl.data.recorder import Recorder
     from robo_rl.data.schema import EpisodeMeta
-    from robo_rl.sim.envs import BimanualEnv
-    from robo_rl.sim.recording import demo_schema, demo_step
+    from robo_rl.sim.recording import demo_step, recording_env
 
     cameras = list(cameras or [])
-    env = BimanualEnv(task, obs_mode="state+pixels" if cameras else "state", cameras=cameras or ("top",),
-                      image_size=tuple(image_size))
-    schema = demo_schema(env, cameras, tuple(image_size) if cameras else (0, 0))
+    env, schema = recording_env(task, cameras, image_size)
     fps = env.robot.spec.control_hz
     kept = tries = 0
     with Recorder(out, schema, overwrite=True) as rec:
@@ -140,7 +137,7 @@ def run(cfg: DictConfig) -> int:
 
         def record() -> dict[str, Any]:
             set_aside(demos)  # an interrupted recording's episodes are kept beside, not overwritten
-            return record_demos(cfg.task, demos, int(s["demos"]), int(cfg.seed), cameras, image_size or (96, 96))
+            return record_demos(cfg.task, demos, int(s["demos"]), int(cfg.seed), cameras, image_size)
 
         rec = stages.run("1 teleop demos", record)
 

@@ -10,7 +10,7 @@ from omegaconf import DictConfig
 
 from robo_rl.cli.app import run_app
 from robo_rl.cli.session import controller_config, policy_inputs_on_robot
-from robo_rl.cli.tables import print_table
+from robo_rl.cli.tables import print_episodes, print_table
 from robo_rl.errors import ConfigError
 
 
@@ -63,18 +63,6 @@ def live_step(live: Any) -> Any:
     from robo_rl.data.viewer import observation_values
 
     return lambda obs, command: live.step(observation_values(obs, command), Segment.POLICY)
-
-
-def print_outcomes(outcomes: list[dict]) -> None:
-    """One row per episode (the twin's account of it), and the success rate with its 95% interval."""
-    from robo_rl.sim.rollout import wilson_interval
-
-    wins = sum(bool(o["success"]) for o in outcomes)
-    lo, hi = wilson_interval(wins, len(outcomes))
-    rows = [[str(i + 1), str(o["seed"]), "yes" if o["success"] else "no", str(o["stage"]), str(o["ticks"])]
-            for i, o in enumerate(outcomes)]
-    print_table(f"deploy: {wins}/{len(outcomes)} episodes succeeded ({wins / len(outcomes):.0%}, 95% CI "
-                f"[{lo:.0%}, {hi:.0%}])", ["episode", "seed", "success", "furthest stage", "ticks"], rows)
 
 
 def run(cfg: DictConfig) -> int:
@@ -170,7 +158,7 @@ def run(cfg: DictConfig) -> int:
         rows.append(["task stage reached", f"{o['stage']} (success: {o['success']})"])
     print_table(f"deploy: {cfg.checkpoint}", ["measure", "value"], rows)
     if len(outcomes) > 1:
-        print_outcomes(outcomes)
+        print_episodes("deploy", outcomes)
     if cfg.critic:  # issue 7
         print(predict.describe())
     if s["stopped_reason"]:

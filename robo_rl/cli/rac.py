@@ -116,11 +116,11 @@ def run_rounds(cfg: DictConfig, ckpt: dict[str, Any], task: str, demos: str, n_d
     results["base"] = evaluate(base, task, chunking, cfg, out / "eval-base", predict=base_predict)
     save()
     budget: dict[int, int] = {}  # round -> RaC's cumulative operator samples
+    cameras = sorted(k.rsplit("/", 1)[-1] for k in base.shapes.images)  # a camera policy's rollouts record them
+    image_size = next(iter(base.shapes.images.values()), None)
     for m_index, method in enumerate(methods):
         data = out / method / "data"
         policy, predict, total = base, base_predict, CollectStats()
-        cameras = sorted(k.rsplit("/", 1)[-1] for k in base.shapes.images)  # a camera policy's rollouts record them
-        image_size = next(iter(base.shapes.images.values()), None)
         for r in range(1, (1 if method == "no_new_data" else int(cfg.rounds)) + 1):
             seed = 200_000 + 10_000 * int(cfg.seed) + 1_000 * m_index + 100 * r
             target = budget.get(r) if method != "rac" else None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from omegaconf import DictConfig, OmegaConf
 
 from robo_rl.cli.app import run_app
-from robo_rl.cli.tables import print_table
+from robo_rl.cli.tables import print_episodes
 from robo_rl.errors import ConfigError
 
 
@@ -45,17 +45,6 @@ def run(cfg: DictConfig) -> int:
         print(f"sim-bridge: {bridge.commands_received} commands received, {bridge.commands_refused} refused", flush=True)
         bridge.close()
         if bridge.results:
-            print_episodes(bridge.results)
+            print_episodes("sim-bridge", bridge.results)
     return 0
 
-
-def print_episodes(results: list[dict]) -> None:
-    """The served episodes, one row each, and the success rate with its 95% Wilson interval."""
-    from robo_rl.sim.rollout import wilson_interval
-
-    rows = [[str(i + 1), str(r["seed"]), "yes" if r["success"] else "no", r["stage"], str(r["ticks"]), r["reason"]]
-            for i, r in enumerate(results)]
-    wins = sum(bool(r["success"]) for r in results)
-    lo, hi = wilson_interval(wins, len(results))
-    print_table(f"sim-bridge: {wins}/{len(results)} episodes succeeded ({wins / len(results):.0%}, 95% CI "
-                f"[{lo:.0%}, {hi:.0%}])", ["episode", "seed", "success", "furthest stage", "ticks", "ended by"], rows)

@@ -32,6 +32,20 @@ def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]]
     Console(width=120).print(table)
 
 
+def print_episodes(who: str, episodes: Sequence[dict]) -> None:
+    """Episodes as the twin reported them (seed, success, furthest stage, ticks; `reason` when
+    known), one row each, under the success rate with its 95% Wilson interval."""
+    from robo_rl.sim.rollout import wilson_interval
+
+    wins = sum(bool(e["success"]) for e in episodes)
+    lo, hi = wilson_interval(wins, len(episodes))
+    with_reason = all("reason" in e for e in episodes)
+    rows = [[str(i + 1), str(e["seed"]), "yes" if e["success"] else "no", str(e["stage"]), str(e["ticks"]),
+             *([e["reason"]] if with_reason else [])] for i, e in enumerate(episodes)]
+    print_table(f"{who}: {wins}/{len(episodes)} episodes succeeded ({wins / len(episodes):.0%}, 95% CI [{lo:.0%}, {hi:.0%}])",
+                ["episode", "seed", "success", "furthest stage", "ticks", *(["ended by"] if with_reason else [])], rows)
+
+
 def print_summary(summary: Any, title: str) -> None:
     """An evaluation summary (robo_rl.sim.rollout.EvalSummary) as a two-column table."""
     from pathlib import Path

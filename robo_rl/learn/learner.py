@@ -372,7 +372,11 @@ class Learner:
 
             bar = tqdm(total=self.total_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True)
         t_start, t_window, steps_window, n_loss = time.perf_counter(), time.perf_counter(), 0, 0
-        first_step, t_rate = self.step, None  # the rate for the schedule is timed from this process's 10th step
+        # learner.max_minutes: the rate is timed from this process's 10th step; the schedule is fitted
+        # once the warm-up is timed, then refitted every 50 steps with the rate so far (the first
+        # steps run slower than the rest: one early figure ended runs minutes short)
+        first_step, t_rate, fit_at = self.step, None, max(cfg.warmup_steps, 100) + 10
+        fitting = bool(cfg.max_minutes and cfg.fit_schedule)
         loss_sum = torch.zeros((), device=self.device)
 
         def window_loss() -> float:  # the one wait for the device per log window
@@ -396,11 +400,7 @@ class Learner:
                 done_here = self.step - first_step
                 if done_here == 10:
                     t_rate = time.perf_counter()
-                # fitted once the warm-up is timed, then refitted every 50 steps with the rate so far
-                # (the first steps run slower than the rest: one early figure ended runs minutes short)
-                fit_at = max(cfg.warmup_steps, 100) + 10
-                if (cfg.max_minutes and cfg.fit_schedule and t_rate is not None and done_here >= fit_at
-                        and (done_here - fit_at) % 50 == 0 and (done_here == fit_at or not self.schedule_fixed)):
+                if fitting and not self.schedule_fixed and done_here >= fit_at and (done_here - fit_at) % 50 == 0:
                     self._fit_schedule((done_here - 10) / (time.perf_counter() - t_rate),
                                        cfg.max_minutes * 60 - (time.perf_counter() - t_start), bar)
                 if self.step % cfg.log_every == 0 or self.step == self.total_steps:

@@ -62,9 +62,9 @@ class SimBridge:
                  transport: Any = None, prefer: str = "auto", cameras: Sequence[str] = (), camera_hz: float = 15.0,
                  image_size: tuple[int, int] = (240, 320), image_type: str | None = None, task: str | None = None,
                  seed: int = 100_000, episodes: int | None = None, disturb: bool = True, max_steps: int | None = None):
-        self.env = None
+        self.env = self.twin = None
         if task is not None:  # the task's scene, reset per episode through the episode protocol
-            from robo_rl.sim.envs import BimanualEnv
+            from robo_rl.sim.envs import BimanualEnv, TaskTwin
             from robo_rl.sim.tasks import TASKS
 
             if task not in TASKS:
@@ -72,12 +72,13 @@ class SimBridge:
             if episodes is not None and int(episodes) < 1:
                 raise ConfigError(f"sim-bridge: episodes={episodes}; give a number >= 1, or null to serve on")
             self.env = BimanualEnv(task, obs_mode="state", disturb=disturb, max_steps=max_steps)
-            self.env.reset(seed=seed)
+            self.twin = TaskTwin(self.env)  # steps, disturbs and tracks the furthest stage
+            self.twin.reset(seed)
             self.sim = self.env.robot
         else:
             self.sim = SimRobot(scene, robot=robot, cameras=[])
         self.seed, self.max_episodes = int(seed), None if episodes is None else int(episodes)
-        self.episode: dict | None = None   # the episode being served: key (run, number), seed, ticks, max_stage
+        self.episode: dict | None = None   # the episode being served: key (run, number), seed, ticks
         self.results: list[dict] = []       # every ended episode's status, in order
         self.episodes_started = 0
         self.config = Ros2Config.from_yaml(robot, self.sim.spec)
@@ -142,10 +143,10 @@ class SimBridge:
     def _start(self, key: tuple[str, int]) -> dict:
         seed = self.seed + self.episodes_started
         self.episodes_started += 1
-        self.env.reset(seed=seed)
+        self.twin.reset(seed)
         with self._lock:  # hold the new scene's pose until deploy's first command of this episode
             self._command = self.sim.joint_positions().astype(np.float64)
-        self.episode = {"key": key, "seed": seed, "ticks": 0, "max_stage": 0, "active": True, "ended": None}
+        self.episode = {"key": key, "seed": seed, "ticks": 0, "active": True, "ended": None}
         return self.episode
 
     def _started(self, ep: dict) -> dict:
@@ -153,12 +154,11 @@ class SimBridge:
                 "max_s": self.env.max_steps / self.sim.spec.control_hz}
 
     def _end(self, ep: dict, reason: str) -> dict:
-        task = self.env.task
+        stage = self.twin.max_stage
         ep["active"] = False
         ep["ended"] = {"event": "ended", "run": ep["key"][0], "episode": ep["key"][1], "seed": ep["seed"],
-                       "success": ep["max_stage"] == len(task.stage_names) - 1,
-                       "stage": task.stage_names[ep["max_stage"]], "max_stage": ep["max_stage"], "ticks": ep["ticks"],
-                       "reason": reason}
+                       "success": self.twin.success, "stage": self.env.task.stage_names[stage], "max_stage": stage,
+                       "ticks": ep["ticks"], "reason": reason}
         self.results.append(ep["ended"])
         e = ep["ended"]
         print(f"sim-bridge: episode {e['episode']} (seed {e['seed']}): {'success' if e['success'] else 'failure'}, "
@@ -166,14 +166,12 @@ class SimBridge:
         return ep["ended"]
 
     def _track(self) -> dict | None:
-        """After a physics step: the task's stage, and the episode's end at success or time limit."""
+        """After a physics step: the episode's end at success or its time limit."""
         ep = self.episode
         if ep is None or not ep["active"]:
             return None
         ep["ticks"] += 1
-        stage = self.env.task.stage(self.sim)
-        ep["max_stage"] = max(ep["max_stage"], stage)
-        if ep["max_stage"] == len(self.env.task.stage_names) - 1:
+        if self.twin.success:
             return self._end(ep, "success")
         if ep["ticks"] >= self.env.max_steps:
             return self._end(ep, "time limit")
@@ -220,10 +218,8 @@ class SimBridge:
         statuses = self._handle_requests() if self.episodes is not None else []
         with self._lock:
             command = self._command.copy()
-        self.sim.act(command)
-        if self.env is not None:
-            if self.env.disturb:
-                self.env.task.disturb(self.sim)
+        (self.twin or self.sim).act(command)
+        if self.twin is not None:
             ended = self._track()
             if ended is not None:
                 statuses.append(ended)

@@ -147,9 +147,10 @@ register_envs()
 
 
 class TaskTwin:
-    """The twin of a task as a Robot for the real-time Controller (`robo-rl deploy robot=sim`):
-    `observe()` adds the task's object state (`obs/env_state`, which only the twin has) and `act()`
-    keeps track of the furthest stage reached."""
+    """The twin of a task as a Robot for the real-time Controller (`robo-rl deploy robot=sim`, and
+    the task `robo-rl sim-bridge` serves): `observe()` adds the task's object state
+    (`obs/env_state`, which only the twin has) and `act()` keeps track of the furthest stage
+    reached, with the task's disturbances when the env has them on (as evaluation does)."""
 
     def __init__(self, env: BimanualEnv):
         self.env, self.spec = env, env.robot.spec
@@ -170,6 +171,8 @@ class TaskTwin:
 
     def act(self, action: np.ndarray) -> np.ndarray:
         executed = self.env.robot.act(action)
+        if self.env.disturb:
+            self.env.task.disturb(self.env.robot)
         self.max_stage = max(self.max_stage, self.env.task.stage(self.env.robot))
         return executed
 

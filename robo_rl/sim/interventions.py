@@ -28,7 +28,7 @@ from robo_rl.runtime.chunking import ChunkExecutor, ChunkingConfig
 from robo_rl.sim.envs import BimanualEnv
 from robo_rl.sim.expert import ExpertNoise
 from robo_rl.sim.operator import OperatorConfig, SimOperator
-from robo_rl.sim.recording import demo_schema, demo_step, expert_episode
+from robo_rl.sim.recording import demo_step, expert_episode, recording_env
 from robo_rl.sim.rollout import _env_obs, predict_chunks
 
 OPERATOR_LABELS = (int(Segment.RECOVERY), int(Segment.CORRECTION))
@@ -113,13 +113,9 @@ def collect_interventions(
     if episodes < 1 or n_envs < 1:
         raise ConfigError(f"interventions: episodes and n_envs must be >= 1 (got {episodes}, {n_envs})")
     cameras = [k[len("obs/images/"):] for k in obs_keys if k.startswith("obs/images/")]
-    if cameras and image_size is None:
-        raise ConfigError("interventions: a camera policy needs image_size (the size it was trained at)")
-    size = tuple(int(v) for v in image_size) if cameras else (0, 0)
     n_envs = min(n_envs, episodes)
-    envs = [BimanualEnv(task, obs_mode="state+pixels" if cameras else "state", cameras=cameras or ("top",),
-                        image_size=size if cameras else (240, 320), disturb=disturb) for _ in range(n_envs)]
-    schema = demo_schema(envs[0], cameras, size)
+    made = [recording_env(task, cameras, image_size, disturb=disturb) for _ in range(n_envs)]
+    envs, schema = [env for env, _ in made], made[0][1]
     store = EpisodeStore.open_or_create(out, schema)
     fps = envs[0].robot.spec.control_hz
     icfg = InterventionConfig(mode=mode)
@@ -245,12 +241,7 @@ def collect_expert_demos(task: str, out: str | Path, seed: int, max_samples: int
     appended to `out` until they hold `max_samples` steps, all counted as operator samples
     (with `cameras` rendered at `image_size`, for a camera policy)."""
     cameras = list(cameras)
-    size = tuple(int(v) for v in image_size) if cameras and image_size is not None else (0, 0)
-    if cameras and image_size is None:
-        raise ConfigError("expert demos: cameras need image_size")
-    env = BimanualEnv(task, obs_mode="state+pixels" if cameras else "state", cameras=cameras or ("top",),
-                      image_size=size if cameras else (240, 320))
-    schema = demo_schema(env, cameras, size)
+    env, schema = recording_env(task, cameras, image_size)
     store = EpisodeStore.open_or_create(out, schema)
     fps = env.robot.spec.control_hz
     stats, t0, tries = CollectStats(), time.perf_counter(), 0

@@ -8,6 +8,21 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from robo_rl.data.schema import Schema
+from robo_rl.errors import ConfigError
+
+
+def recording_env(task: str, cameras: Sequence[str] = (), image_size: Sequence[int] | None = None, **env_options: Any):
+    """A twin of `task` that renders `cameras` at `image_size` (none: state only), and the store
+    schema its steps fill: what demos, intervention rollouts and `collect` record."""
+    from robo_rl.sim.envs import BimanualEnv
+
+    cameras = list(cameras)
+    if cameras and image_size is None:
+        raise ConfigError(f"recording {task} with cameras {cameras}: needs image_size (the size the policy sees)")
+    size = tuple(int(v) for v in image_size) if cameras else (0, 0)
+    env = BimanualEnv(task, obs_mode="state+pixels" if cameras else "state", cameras=cameras,
+                      image_size=size if cameras else (240, 320), **env_options)
+    return env, demo_schema(env, cameras, size)
 
 
 def demo_schema(env, cameras: Sequence[str], image_size: tuple[int, int]) -> Schema:

@@ -24,7 +24,7 @@ import json
 import os
 import threading
 import time
-from typing import Any, Callable
+from typing import Any
 
 from robo_rl.hardware.ros2.messages import String
 
@@ -103,11 +103,10 @@ class EpisodeServer:
     """The twin's side: requests arrive on the transport's thread and are queued for the control
     loop, which owns the physics (`take_requests`); statuses are published from there."""
 
-    def __init__(self, transport: Any, on_log: Callable[[str], None] | None = None):
+    def __init__(self, transport: Any):
         self._publish = transport.publisher(STATUS_TOPIC, String)
         self._lock = threading.Lock()
         self._requests: list[dict[str, Any]] = []
-        self.on_log = on_log
         transport.subscribe(REQUEST_TOPIC, String, self._on_request)
 
     def _on_request(self, msg: Any) -> None:
