@@ -13,6 +13,8 @@ TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 TORCH_WHEEL ?=
 STAMP := $(VENV)/.robo_rl-installed
 export MUJOCO_GL ?= egl
+# pip keeps no second copy of every wheel in ~/.cache: the venv alone is about 2.6 GB.
+export PIP_NO_CACHE_DIR ?= 1
 
 .PHONY: demo test test-all bench install torch clean
 
