@@ -20,6 +20,10 @@ class Inbox:
         with self._lock:
             return list(self._items)
 
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
     def __len__(self) -> int:
         with self._lock:
             return len(self._items)

@@ -156,3 +156,26 @@ def test_a_camera_command_runs_from_a_plain_shell_with_no_display_and_no_mujoco_
                        env=env, cwd=Path(__file__).parent.parent, stdin=subprocess.DEVNULL)
     assert r.returncode == 0, r.stdout + r.stderr
     assert EpisodeStore.open(tmp_path / "demos").schema.keys["obs/images/top"].shape[-1] == 3
+
+
+def test_a_machine_that_cannot_render_says_what_to_install(tmp_path):
+    """A rendering backend whose library is missing, or none at all (what robo-rl picks with no
+    display, no EGL and no OSMesa): one line naming the packages, no traceback."""
+    import os
+    from ctypes.util import find_library
+
+    env = {**os.environ, "TQDM_DISABLE": "1"}
+    args = [sys.executable, "-m", "robo_rl.cli.main", "collect", "task=transfer_cube", "episodes=1", "cameras=[top]"]
+    r = subprocess.run([*args, f"out={tmp_path / 'none'}"], capture_output=True, text=True, timeout=300,
+                       env={**env, "MUJOCO_GL": "disable"}, cwd=Path(__file__).parent.parent, stdin=subprocess.DEVNULL)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "cannot render offscreen with MUJOCO_GL=disable" in r.stderr and "apt install libegl1" in r.stderr
+    r = subprocess.run([*args, f"out={tmp_path / 'osmesa'}"], capture_output=True, text=True, timeout=300,
+                       env={**env, "MUJOCO_GL": "osmesa"}, cwd=Path(__file__).parent.parent, stdin=subprocess.DEVNULL)
+    if find_library("OSMesa") is None:
+        assert r.returncode == 2 and r.stderr.strip() == (
+            "error: MUJOCO_GL=osmesa, but libOSMesa is not installed (apt install libosmesa6); unset MUJOCO_GL to let "
+            "robo-rl pick what this machine has, or install EGL (apt install libegl1 libgl1-mesa-dri) or OSMesa "
+            "(apt install libosmesa6), or run on a desktop with a display"), r.stderr
+    else:  # this machine has OSMesa: it renders with it
+        assert r.returncode == 0, r.stdout + r.stderr

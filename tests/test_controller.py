@@ -106,3 +106,27 @@ def test_a_policy_error_surfaces_in_the_loop(robot):
 
     with pytest.raises(ValueError, match="weights missing"):
         Controller(robot, broken, ControllerConfig(hz=50)).run(1.0)
+
+
+def test_rtc_hands_the_predictor_the_running_chunk_and_the_measured_delay(robot):
+    """With rtc, each request after the first carries the running chunk's actions from the
+    request's tick on (what the new chunk must agree with) and the delay in ticks, from the
+    slowest recent inference (here about 45 ms: 3 ticks at 50 Hz); no blend is applied."""
+    calls = []
+    home = robot.spec.home
+
+    def predict(window, previous=None, delay=0):
+        calls.append((previous, delay))
+        time.sleep(0.045)
+        chunk = np.repeat(home[None], 16, 0)
+        chunk[:, 0] += 0.01 * (np.arange(16) + len(calls))  # each chunk a little ahead of the last
+        return chunk
+
+    rep = Controller(robot, predict, ControllerConfig(hz=50, n_action_steps=8, rtc=True)).run(1.5)
+    assert calls[0] == (None, 0) and len(calls) >= 5
+    for previous, delay in calls[2:]:
+        assert previous.shape[0] == 1 and 1 <= previous.shape[1] <= 8 and delay == 3, (previous.shape, delay)
+    # what was handed over is the tail of a chunk this predictor made: waist values on its 0.01 grid
+    tail = calls[3][0][0, :, 0] - home[0]
+    assert np.allclose(np.diff(tail), 0.01) and np.allclose(tail * 100, np.round(tail * 100), atol=1e-4)
+    assert len(rep.handover_jumps) == rep.chunks - 1 and max(rep.handover_jumps) < 0.2

@@ -1,6 +1,9 @@
 """OGBench datasets made locally with OGBench's own oracles: the files load through ogbench's
 loader for goal-conditioned, single-task and oracle-rep names; same seed, same arrays; the CLI."""
 
+import shutil
+from pathlib import Path
+
 import numpy as np
 import pytest
 from conftest import robo_rl_cli
@@ -40,9 +43,16 @@ def test_files_layout_and_dtypes(tiny):
 
 @pytest.mark.parametrize("name", ["cube-single-play-v0", "cube-single-play-singletask-task2-v0",
                                   "cube-single-play-oraclerep-v0"])
-def test_loads_through_ogbench(tiny, name):
+def test_loads_through_ogbench(tiny, name, tmp_path):
     out, _ = tiny
     env, train, val = make_env_and_datasets(name, out)
+    alone = tmp_path / Path(out).name  # the training file without its -val.npz: loads the same
+    shutil.copy(out, alone)
+    env_alone, train_alone, val_alone = make_env_and_datasets(name, alone)
+    env_alone.close()
+    assert val_alone is None and sorted(train_alone) == sorted(train)
+    for key in train:
+        np.testing.assert_array_equal(train_alone[key], train[key], err_msg=key)
     try:
         # ogbench's regular layout drops each episode's last observation (it has no next one)
         assert train["observations"].shape == (EPISODES * (STEPS - 1), 28)

@@ -585,3 +585,33 @@ def test_ddp_under_torchrun(tmp_path):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     ckpt = torch.load(run / "checkpoints" / "last.pt", weights_only=False)
     assert ckpt["step"] == 6 and "world 2" in r.stdout
+
+
+@pytest.mark.parametrize("kind", ["flow", "diffusion-v", "diffusion-epsilon"])
+def test_rtc_sampling_keeps_the_frozen_actions_and_is_free_past_the_overlap(kind):
+    """Real-time chunking steers the new chunk toward the running one: the first `delay` actions
+    land on the old ones (they execute while the new chunk is computed); past the overlap the
+    chunk is the policy's own. Without a previous chunk it samples as usual."""
+    from robo_rl.policies.diffusion import DiffusionPolicy
+    from robo_rl.policies.flow import FlowPolicy
+    from robo_rl.policies.rtc import RtcPredictor, prefix_weights
+
+    w = prefix_weights(16, 3, 8)
+    assert w[:3].tolist() == [1, 1, 1] and (np.diff(w[3:8]) < 0).all() and 0 < w[7] < w[3] < 1 and not w[8:].any()
+    torch.manual_seed(0)
+    shapes = ObsShapes({"obs/qpos": 14}, {}, 14)
+    stats = {"obs/qpos": {"min": -np.ones(14), "max": np.ones(14)}, "action": {"min": -np.ones(14), "max": np.ones(14)}}
+    cls = FlowPolicy if kind == "flow" else DiffusionPolicy
+    options = {"n_obs": 1, "horizon": 16, **({"prediction": kind.split("-")[1]} if cls is DiffusionPolicy else {})}
+    policy = cls(cls.config_class.from_dict(options), shapes, stats).eval()
+    rtc = RtcPredictor(policy)
+    window = {"obs/qpos": np.zeros((1, 1, 14), np.float32)}
+    previous = np.linspace(-0.6, 0.6, 8 * 14, dtype=np.float32).reshape(1, 8, 14)  # far from what the net says
+    torch.manual_seed(1)
+    guided = rtc(window, previous, delay=3)
+    torch.manual_seed(1)
+    free = rtc(window)
+    assert guided.shape == free.shape == (1, 16, 14)
+    frozen_err = np.abs(guided[0, :3] - previous[0, :3]).max()
+    assert frozen_err < 0.1 < 1.0 < np.abs(free[0, :3] - previous[0, :3]).max(), frozen_err
+    assert np.abs(guided[0, 12:] - free[0, 12:]).max() < np.abs(guided[0, :3] - free[0, :3]).max()

@@ -203,3 +203,69 @@ def test_a_frame_that_does_not_decode_leaves_nothing_behind(tmp_path):
     with EpisodeStore.open(tmp_path / "out") as store:
         assert store.n_episodes == 1 and store.schema.to_json() == schema.to_json() and store.validate() == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bag", "out"]  # no out.importing, no out.old-*
+
+
+def write_shared_bag(path: Path, robot: str, seconds: float = 1.0, command_size: int | None = None) -> None:
+    """A bag as ros2_control's defaults record it: every joint on /joint_states (the description's
+    names), and the commands on the description's one command topic (forward: the values in the
+    declared order; trajectory: all joints named). `command_size` writes forward commands of
+    another size, as a wrong description would have sent them."""
+    from robo_rl.hardware.ros2.robot import Ros2Config
+
+    spec = RobotSpec.from_yaml(robot)
+    ros = Ros2Config.from_yaml(robot, spec)
+    (states,), (command,) = ros.states, ros.commands
+    store = get_typestore(Stores.ROS2_HUMBLE)
+    JointState, Header, Time = (store.types[t] for t in ("sensor_msgs/msg/JointState", "std_msgs/msg/Header",
+                                                          "builtin_interfaces/msg/Time"))
+    Traj, Point = store.types["trajectory_msgs/msg/JointTrajectory"], store.types["trajectory_msgs/msg/JointTrajectoryPoint"]
+    Duration, Floats = store.types["builtin_interfaces/msg/Duration"], store.types["std_msgs/msg/Float64MultiArray"]
+    Layout = store.types["std_msgs/msg/MultiArrayLayout"]
+    empty = np.zeros(0)
+    msgtype = Traj.__msgtype__ if command.type == "trajectory" else Floats.__msgtype__
+    with Writer(path, version=9, storage_plugin=StoragePlugin.MCAP) as w:
+        sc = w.add_connection(states.topic, JointState.__msgtype__, typestore=store)
+        cc = w.add_connection(command.topic, msgtype, typestore=store)
+        events = sorted([(k / 100, "state") for k in range(int(seconds * 100) + 1)] +
+                        [(k / 50 + 0.003, "command") for k in range(int(seconds * 50))])
+        for t, kind in events:
+            ns = int(round((T0 + t) * 1e9))
+            header = Header(stamp=Time(sec=int(T0 + t), nanosec=int(round((T0 + t) % 1 * 1e9))), frame_id="")
+            wire = np.array([joint_value(i // 7, i % 7, t + (0.1 if kind == "command" else 0.0)) for i in range(14)])
+            if kind == "state":  # names in another order than the action's: matched by name
+                order = np.arange(14)[::-1]
+                msg = JointState(header=header, name=[states.joints[i] for i in order], position=wire[order],
+                                 velocity=np.zeros(14), effort=empty)
+                w.write(sc, ns, store.serialize_cdr(msg, JointState.__msgtype__))
+            elif command.type == "trajectory":
+                msg = Traj(header=header, joint_names=list(command.joints),
+                           points=[Point(positions=wire, velocities=empty, accelerations=empty, effort=empty,
+                                         time_from_start=Duration(sec=0, nanosec=20_000_000))])
+                w.write(cc, ns, store.serialize_cdr(msg, msgtype))
+            else:
+                msg = Floats(layout=Layout(dim=[], data_offset=0), data=wire[:command_size or 14])
+                w.write(cc, ns, store.serialize_cdr(msg, msgtype))
+
+
+@pytest.mark.parametrize("robot", ["aloha_shared_forward", "aloha_shared_trajectory"])
+def test_a_bag_of_a_robot_with_one_joint_state_and_one_command_topic_imports(tmp_path, robot):
+    bag, out = tmp_path / "bag", tmp_path / "store"
+    write_shared_bag(bag, robot)
+    r = _cli("dataset", "import-bag", str(bag), str(out), f"robot={robot}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    spec = RobotSpec.from_yaml(robot)
+    ep = EpisodeStore.open(out).episode(0)
+    t = ep["timestamp"] + 0.003
+    for i in range(14):
+        expect_q, expect_a = joint_value(i // 7, i % 7, t), joint_value(i // 7, i % 7, t + 0.1)
+        if i in spec.grippers:  # the description's wire unit -> 0..1
+            expect_q, expect_a = spec.grippers[i].from_wire(expect_q), spec.grippers[i].from_wire(expect_a)
+        np.testing.assert_allclose(ep["obs/qpos"][:, i], expect_q, atol=1e-5, err_msg=spec.joint_names[i])
+        np.testing.assert_allclose(ep["action"][:, i], expect_a, atol=1e-5, err_msg=spec.joint_names[i])
+
+
+def test_a_bag_whose_commands_do_not_match_the_description_is_one_line(tmp_path):
+    write_shared_bag(tmp_path / "bag", "aloha_shared_forward", command_size=7)
+    r = _cli("dataset", "import-bag", str(tmp_path / "bag"), str(tmp_path / "out"), "robot=aloha_shared_forward")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "/forward_position_controller/commands have 7 values" in r.stderr and "declares 14 joints" in r.stderr

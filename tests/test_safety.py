@@ -11,7 +11,7 @@ import pytest
 
 from robo_rl.errors import ConfigError
 from robo_rl.hardware.robot import RobotSpec
-from robo_rl.hardware.safety import EStop, SafetyConfig, SafetyFilter, Watchdog
+from robo_rl.hardware.safety import EStop, SafetyConfig, SafetyFilter, TrackingMonitor, Watchdog
 
 
 class Clock:
@@ -113,6 +113,26 @@ def test_watchdog_holds_on_a_stale_command_and_stops_on_a_stale_observation(spec
     state = dog.check()
     assert state.action == "stop" and "no joint state for 250 ms" in state.message
     assert (dog.holds, dog.stops) == (1, 1)
+
+
+def test_tracking_is_lost_only_when_an_arm_joint_stays_off_for_the_timeout(spec):
+    monitor = TrackingMonitor(spec, SafetyConfig(tracking_tolerance=0.3, tracking_timeout_s=1.0))
+    command = spec.home.astype(float).copy()
+    q = command.copy()
+    q[[6, 13]] = 1.0 - command[[6, 13]]  # grippers stopped short (a grasp): not watched
+    assert monitor.check(q, command, 0.0) is None
+    q[1] += 0.5  # left_shoulder 0.5 rad off ...
+    assert monitor.check(q, command, 1.0) is None
+    assert monitor.check(q, command, 1.9) is None  # ... for 0.9 s
+    q[1] -= 0.45  # back within the tolerance: the clock restarts
+    assert monitor.check(q, command, 2.0) is None
+    q[1] += 0.45
+    q[8] -= 0.4  # right_shoulder off too
+    assert monitor.check(q, command, 3.0) is None
+    message = monitor.check(q, command, 4.0)
+    assert message is not None and monitor.stops == 1
+    assert message.startswith("the robot does not follow its commands: left_shoulder 0.50 rad, right_shoulder 0.40 rad")
+    assert "for 1.0 s" in message and "tracking_tolerance 0.3 rad" in message
 
 
 def test_estop_latches_across_threads_until_reset():

@@ -236,3 +236,32 @@ def test_hg_dagger_human_corrects_without_recovery_and_hands_back():
     (rec,) = ctl.interventions
     assert rec.recovery_steps == 1 and rec.correction_steps >= 15  # the takeover tick only
     assert labels[-1] == Segment.POLICY and not ctl.done  # control came back to the policy
+
+
+def test_leader_arms_need_no_kinematic_model_and_end_effector_devices_do():
+    """Leader arms give joint positions one to one: the operator builds no model of the arms
+    (on real arms, no twin); a device that moves end effectors is refused without one."""
+    from robo_rl.errors import ConfigError
+    from robo_rl.hardware.robot import RobotSpec
+    from robo_rl.hardware.teleop import TeleopInput
+    from robo_rl.rac.intervention import Phase
+
+    spec = RobotSpec.from_yaml("aloha")
+
+    class Leaders:
+        name, gives_joints = "leader", True
+
+        def __init__(self):
+            self.pose = {"left": np.r_[spec.home[:6] + 0.1, 0.25]}
+
+        def poll(self):
+            return TeleopInput(joints=dict(self.pose))
+
+    operator = TeleopOperator(None, Leaders(), spec=spec)
+    assert operator.robot is None and operator.ik == {}
+    operator.signal(Phase.CORRECTION, None)
+    command = operator.command(Phase.CORRECTION, spec.home)
+    np.testing.assert_allclose(command[:6], spec.home[:6] + 0.1, atol=1e-6)
+    assert command[6] == pytest.approx(0.25) and np.allclose(command[7:], spec.home[7:])  # the right arm holds
+    with pytest.raises(ConfigError, match="moves end effectors: it needs the arms' kinematic model"):
+        TeleopOperator(None, KeyboardTeleop(), spec=spec)

@@ -74,7 +74,7 @@ def test_leader_arms_drive_the_twin_through_teleop(bridge):
     q = newest_positions(follower)
     assert abs(q[0] - 0.4) < 0.02 and abs(q[1] - -0.7) < 0.03, q  # the follower's left arm went where the leader is
     finger = spec.grippers[6]
-    assert abs(q[6] - finger.to_finger(0.5)) < 0.004, q[6]  # half squeezed -> half open fingers (metres)
+    assert abs(q[6] - finger.to_wire(0.5)) < 0.004, q[6]  # half squeezed -> half open fingers (metres)
     # the move was rate limited by the safety filter (0.4 rad from home at <= 0.05 rad per tick)
     counts = re.search(r"step, velocity\s*│\s*(\d+), (\d+), (\d+), (\d+), (\d+)", run.stdout)
     assert counts and int(counts.group(4)) > 0, run.stdout

@@ -23,11 +23,13 @@ def test_twin_matches_the_hardware_description_joint_for_joint():
     assert actuators == list(spec.joint_names), "actuators must be in the description's action order"
     for i, name in enumerate(spec.joint_names):
         if i in spec.grippers:
+            # the gripper's actuator drives the finger joint, whose travel is the twin's own gripper
+            # range; ALOHA's wire unit is that same finger travel, so the description agrees with it
             g = spec.grippers[i]
-            lo, hi = model.joint(g.joint).range
-            assert (lo, hi) == pytest.approx((g.closed, g.open)), name
             assert model.actuator(name).trntype == mujoco.mjtTrn.mjTRN_JOINT
-            assert model.joint(model.actuator(name).trnid[0]).name == g.joint
+            finger = model.joint(model.actuator(name).trnid[0])
+            assert finger.name == name.replace("gripper", "finger")
+            assert g.unit == "finger_m" and tuple(finger.range) == pytest.approx((g.closed, g.open)), name
         else:
             j = model.joint(name)
             assert tuple(j.range) == pytest.approx((spec.lower[i], spec.upper[i]), abs=1e-5), name

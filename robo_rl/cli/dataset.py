@@ -156,7 +156,7 @@ def import_bag(cfg: DictConfig, paths: list[str]) -> int:
     """rosbag2 bags -> a new store, with the topics and joints of hardware/<robot>.yaml. Image
     topics: `image_topics={/topic:camera,...}` (each must be in every bag), else the robot's
     ros2.cameras (those in the bags)."""
-    from robo_rl.data.rosbag import ArmMapping, BagImport, import_bags
+    from robo_rl.data.rosbag import BagImport, TopicJoints, import_bags
     from robo_rl.hardware.robot import RobotSpec
     from robo_rl.hardware.ros2.robot import Ros2Config
 
@@ -165,7 +165,8 @@ def import_bag(cfg: DictConfig, paths: list[str]) -> int:
         raise ConfigError("dataset import-bag: give the bag(s) and where the store goes: import-bag BAG [BAG ...] OUT")
     spec = RobotSpec.from_yaml(cfg.robot)
     ros = Ros2Config.from_yaml(cfg.robot, spec)
-    arms = [ArmMapping(a.joint_states, a.command, a.joints, a.indices) for a in ros.arms]
+    states = [TopicJoints(t.topic, t.joints, t.indices) for t in ros.states]
+    commands = [TopicJoints(c.topic, c.joints, c.indices) for c in ros.commands]
     grippers = {i: (g.closed, g.open) for i, g in spec.grippers.items()}
     image_topics = cfg.image_topics
     if image_topics is None:
@@ -175,7 +176,7 @@ def import_bag(cfg: DictConfig, paths: list[str]) -> int:
     else:
         raise ConfigError(f"dataset import-bag: image_topics={image_topics!r}; give a mapping of topic to camera, "
                           "e.g. image_topics={/cam_high/image_raw:top}, or {} for none")
-    bag_cfg = BagImport(arms, spec.action_dim, float(cfg.fps), grippers, str(cfg.action_from), cfg.split_topic,
+    bag_cfg = BagImport(states, commands, spec.action_dim, float(cfg.fps), grippers, str(cfg.action_from), cfg.split_topic,
                         cfg.task or "", spec.name, images, required)
     store = import_bags(paths, out, bag_cfg, overwrite=bool(cfg.overwrite))
     cams = store.schema.cameras

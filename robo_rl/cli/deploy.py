@@ -78,7 +78,14 @@ def run(cfg: DictConfig) -> int:
     check_live_view(cfg)  # view=true
     ckpt = read_checkpoint(cfg.checkpoint)
     policy = load_policy(ckpt)
-    predict = predictor(policy, cfg.inference_steps)
+    if cfg.rtc:  # eager sampling with a guidance pass per step: no frozen graph
+        from robo_rl.policies.rtc import RtcPredictor
+
+        if cfg.critic:
+            raise ConfigError("deploy: rtc=true and critic= do not combine (the critic picks among free chunks)")
+        predict = RtcPredictor(policy, steps=cfg.inference_steps)
+    else:
+        predict = predictor(policy, cfg.inference_steps)
     if cfg.critic:  # issue 7: value-guided chunk selection (best of critic_samples), checked before the robot opens
         from robo_rl.cli.session import value_guided
 
@@ -90,6 +97,12 @@ def run(cfg: DictConfig) -> int:
     robot, hardware = make_robot(cfg, policy, cfg.task or ckpt.get("task"))
     safety_cfg = SafetyConfig.from_yaml(hardware)
     ctl_cfg = controller_config(policy, ckpt.get("chunking") or {}, robot.spec.control_hz)
+    ctl_cfg.rtc = bool(cfg.rtc)
+    if cfg.n_action_steps is not None:
+        if not 1 <= int(cfg.n_action_steps) <= policy.config.horizon:
+            raise ConfigError(f"deploy: n_action_steps={cfg.n_action_steps}; give 1..{policy.config.horizon} "
+                              "(the policy's horizon)")
+        ctl_cfg.n_action_steps = int(cfg.n_action_steps)
     duration = cfg.duration
     if duration is None:
         duration = robot.env.max_steps / robot.spec.control_hz if cfg.robot == "sim" else 30.0
@@ -149,6 +162,8 @@ def run(cfg: DictConfig) -> int:
             ["overruns (a tick > 1 period late)", str(s["overruns"])],
             ["inference p50 / p99", f"{s['inference_p50_ms']:.1f} / {s['inference_p99_ms']:.1f} ms"],
             ["chunks; actions dropped late; ticks held", f"{s['chunks']}; {s['dropped_actions']}; {s['missing_actions']}"],
+            ["largest joint jump at a chunk hand-over", f"{s['handover_jump_max']:.3f} rad"
+             + (" (rtc)" if cfg.rtc else f" (blend {ctl_cfg.blend_steps})")],
             ["watchdog holds / stops", f"{s['watchdog_holds']} / {s['watchdog_stops']}"],
             ["safety: nonfinite, position, gripper, step, velocity",
              ", ".join(str(s.get(k, 0)) for k in ("nonfinite", "position_limit", "gripper_range", "step_limit",

@@ -44,6 +44,33 @@ def usage() -> str:
     return "\n".join(lines)
 
 
+# Offscreen rendering backends, in the order tried, with the library each needs and the Debian /
+# Ubuntu package that has it.
+GL_BACKENDS = {"egl": ("EGL", "libegl1"), "osmesa": ("OSMesa", "libosmesa6")}
+INSTALL_GL = ("install EGL (apt install libegl1 libgl1-mesa-dri) or OSMesa (apt install libosmesa6), "
+              "or run on a desktop with a display")
+
+
+def choose_rendering(env: dict) -> str | None:
+    """Set MUJOCO_GL before mujoco is imported (it reads it once, at import): with no display and
+    none set, the first offscreen backend whose library is installed (EGL, then OSMesa), or
+    `disable` when there is none, so the commands that do not render still run (those that do
+    stop with INSTALL_GL). A backend asked for whose library is missing: a one-line error."""
+    from ctypes.util import find_library
+
+    gl = env.get("MUJOCO_GL")
+    if gl is None:
+        if env.get("DISPLAY") or env.get("WAYLAND_DISPLAY"):
+            return None  # a desktop: mujoco's default (GLFW) opens windows and renders offscreen
+        env["MUJOCO_GL"] = next((b for b, (lib, _) in GL_BACKENDS.items() if find_library(lib)), "disable")
+        return None
+    if gl.lower() in GL_BACKENDS and not find_library(GL_BACKENDS[gl.lower()][0]):
+        lib, package = GL_BACKENDS[gl.lower()]
+        return (f"MUJOCO_GL={gl}, but lib{lib} is not installed (apt install {package}); unset MUJOCO_GL to let "
+                f"robo-rl pick what this machine has, or {INSTALL_GL}")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -56,9 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     if verb not in VERBS:
         print(f"error: unknown verb '{verb}'; verbs are: {', '.join(VERBS)} (robo-rl --help)", file=sys.stderr)
         return 2
-    if "MUJOCO_GL" not in os.environ and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
-        # a plain shell with no display: render offscreen (EGL) rather than fail on the first frame
-        os.environ["MUJOCO_GL"] = "egl"
+    error = choose_rendering(os.environ)
+    if error is not None:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     module = importlib.import_module(VERBS[verb][0])
     return int(module.main(rest) or 0)
 

@@ -138,7 +138,8 @@ def run(cfg: DictConfig) -> int:
         opened.robot.connect()
         device = open_device(cfg, opened, keys)
         # HG-DAgger's human corrects at once: no RECOVERY steps (as in robo-rl rac)
-        operator = TeleopOperator(opened.kinematics, device, recover=cfg.mode == "rac" or policy is None)
+        operator = TeleopOperator(None if cfg.teleop == "leader" else opened.kinematics, device,
+                                  recover=cfg.mode == "rac" or policy is None, spec=opened.robot.spec)
         viewer = TwinViewer(opened, keys)
         if policy is not None:  # warm up: the first call traces the sampler, which must not happen mid-episode
             from robo_rl.runtime.controller import observation_window

@@ -30,14 +30,14 @@ def run(cfg: DictConfig) -> int:
                        image_type=None if cfg.image_type is None else str(cfg.image_type),
                        task=None if cfg.task is None else str(cfg.task), seed=int(cfg.seed),
                        episodes=None if cfg.episodes is None else int(cfg.episodes), disturb=bool(cfg.disturb),
-                       max_steps=None if cfg.max_steps is None else int(cfg.max_steps))
-    arms = ", ".join(f"{a.joint_states} -> {a.command}" for a in bridge.config.arms)
+                       max_steps=None if cfg.max_steps is None else int(cfg.max_steps), follow=bool(cfg.follow))
+    topics = bridge.config.describe() + ("" if bridge.follow else " (follow=false: commands are not executed)")
     cams = "".join(f", {c.name} -> {c.topic} ({c.type})" for c in bridge.cameras)
     if cams:
         cams += f" at {cfg.camera_hz:g} Hz, {bridge.image_size[1]}x{bridge.image_size[0]}"
     what = f"task {cfg.task} (seeds from {cfg.seed})" if cfg.task is not None else cfg.scene
     print(f"sim-bridge: serving {cfg.robot} ({what}) on ROS domain {bridge.config.domain_id} "
-          f"({bridge.transport.name}): {arms}{cams}", flush=True)
+          f"({bridge.transport.name}): {topics}{cams}", flush=True)
     try:
         bridge.run(None if cfg.duration is None else float(cfg.duration))
     finally:

@@ -42,7 +42,9 @@ def run(cfg: DictConfig) -> int:
         keys = SessionKeys(estop=estop)
         opened.robot.connect()
         device = open_device(cfg, opened, keys)
-        operator = TeleopOperator(opened.kinematics, device)
+        # leader arms give joint positions: no kinematic model (real arms get no twin built)
+        operator = TeleopOperator(None if cfg.teleop == "leader" else opened.kinematics, device,
+                                  spec=opened.robot.spec)
         viewer = TwinViewer(opened, keys)
         hz = opened.robot.spec.control_hz
         ticks = [0]

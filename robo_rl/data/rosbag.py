@@ -1,16 +1,18 @@
 """rosbag2 (MCAP or sqlite3) -> EpisodeStore, with the `rosbags` library (no ROS install).
 
-What a bag holds: sensor_msgs/JointState on one topic per arm, and the commands that were sent
-(trajectory_msgs/JointTrajectory: the first point; std_msgs/Float64MultiArray: the data) on one
-topic per arm. Messages arrive at their own rates and times; the store is at one fps. So each
+What a bag holds: sensor_msgs/JointState, read by joint name, on one topic per arm or one for
+all joints, and the commands that were sent (trajectory_msgs/JointTrajectory: the first point, by
+joint name; std_msgs/Float64MultiArray: the data, in the declared joint order) on one topic per
+arm or one for all joints. Messages arrive at their own rates and times; the store is at one fps. So each
 output step k at t0 + k / fps takes:
   - obs/qpos, obs/qvel: each joint linearly interpolated between the joint states around it;
   - action: the newest command at or before it (a command holds until the next one), or, for a
     bag without commands (`action_from=next_qpos`), the next step's joint positions.
   - obs/images/<camera>: the newest frame at or before it (held) of the camera's topic,
     sensor_msgs/Image (rgb8, bgr8, mono8) or sensor_msgs/CompressedImage (JPEG, PNG), as RGB.
-Steps start once every arm has a joint state (and a command) and every camera a frame, and end at
-the last joint state or command. Grippers travel as finger positions; `grippers` maps them back to 0..1.
+Steps start once every joint-state topic has a message (and every command topic a command) and
+every camera a frame, and end at the last joint state or command. Grippers travel in their wire
+unit; `grippers` maps them back to 0..1.
 Frames are decoded in a second pass over the bag and written a shard at a time, so a long bag's
 images never sit in memory at once.
 
@@ -37,21 +39,22 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class ArmMapping:
-    """One arm's topics and its joints' names on the wire, in action order."""
+class TopicJoints:
+    """A topic and the joints it carries: by name (joint states, trajectory commands) or in this
+    order (forward commands), as the robot names them, in action order."""
 
-    joint_states: str
-    command: str | None
+    topic: str
     joints: tuple[str, ...]
     indices: tuple[int, ...]   # where these joints sit in the action vector
 
 
 @dataclass
 class BagImport:
-    arms: Sequence[ArmMapping]
+    states: Sequence[TopicJoints]     # the joint-state topics (together: every joint once)
+    commands: Sequence[TopicJoints]   # the command topics (together: every joint once)
     action_dim: int
     fps: float = 50.0
-    grippers: dict[int, tuple[float, float]] = field(default_factory=dict)  # index -> (closed, open) finger position
+    grippers: dict[int, tuple[float, float]] = field(default_factory=dict)  # index -> (closed, open) on the wire
     action_from: str = "command"   # command | next_qpos
     split_topic: str | None = None
     task: str = ""
@@ -129,8 +132,9 @@ def read_bag(bag: str | Path, cfg: BagImport) -> BagContents:
     if not path.exists():
         raise ConfigError(f"bag {path} does not exist")
     store = _typestore()
-    states: dict[str, list[tuple[float, dict[str, float], dict[str, float]]]] = {a.joint_states: [] for a in cfg.arms}
-    commands: dict[str, list[tuple[float, list[float]]]] = {a.command: [] for a in cfg.arms if a.command}
+    states: dict[str, list[tuple[float, dict[str, float], dict[str, float]]]] = {t.topic: [] for t in cfg.states}
+    commands: dict[str, list[tuple[float, list[float]]]] = {t.topic: [] for t in cfg.commands}
+    command_joints = {t.topic: t.joints for t in cfg.commands}
     splits: list[float] = []
     image_times: dict[str, list[float]] = {}
     shapes: dict[str, tuple[int, ...]] = {}
@@ -171,8 +175,7 @@ def read_bag(bag: str | Path, cfg: BagImport) -> BagContents:
                 elif conn.msgtype == "trajectory_msgs/msg/JointTrajectory":
                     if len(msg.points):
                         by_name = dict(zip(msg.joint_names, map(float, msg.points[0].positions)))
-                        arm = next(a for a in cfg.arms if a.command == conn.topic)
-                        commands[conn.topic].append((t, [by_name.get(j, np.nan) for j in arm.joints]))
+                        commands[conn.topic].append((t, [by_name.get(j, np.nan) for j in command_joints[conn.topic]]))
                 else:
                     commands[conn.topic].append((t, [float(x) for x in msg.data]))
     except ConfigError:
@@ -234,40 +237,42 @@ def iter_frames(contents: BagContents) -> Iterator[dict[str, np.ndarray]]:
 
 def _resample(path: Path, cfg: BagImport, states, commands, splits, image_times) -> list[dict[str, Any]]:
     use_commands = cfg.action_from == "command"
-    for arm in cfg.arms:
-        if not states[arm.joint_states]:
-            raise ConfigError(f"{path}: no messages on {arm.joint_states}")
-        if use_commands and not commands.get(arm.command):
-            raise ConfigError(f"{path}: no commands on {arm.command}; pass action_from=next_qpos for a bag without them")
+    for topic, msgs in states.items():
+        if not msgs:
+            raise ConfigError(f"{path}: no messages on {topic}")
+    for topic, cmds in commands.items():
+        if use_commands and not cmds:
+            raise ConfigError(f"{path}: no commands on {topic}; pass action_from=next_qpos for a bag without them")
     for topic, ts in image_times.items():
         if not ts:
             raise ConfigError(f"{path}: no frames on {topic}")
-    starts = [states[a.joint_states][0][0] for a in cfg.arms] + [ts[0] for ts in image_times.values()]
+    starts = [msgs[0][0] for msgs in states.values()] + [ts[0] for ts in image_times.values()]
     if use_commands:
-        starts += [commands[a.command][0][0] for a in cfg.arms]
+        starts += [cmds[0][0] for cmds in commands.values()]
     t0 = max(starts)
     t1 = max(max(s[-1][0] for s in states.values()), max((c[-1][0] for c in commands.values() if c), default=0.0))
     times = t0 + np.arange(int(np.floor((t1 - t0) * cfg.fps)) + 1) / cfg.fps
     qpos = np.zeros((len(times), cfg.action_dim))
     qvel = np.zeros_like(qpos)
     action = np.zeros_like(qpos)
-    for arm in cfg.arms:
-        msgs = states[arm.joint_states]
+    for mapping in cfg.states:
+        msgs = states[mapping.topic]
         ts = np.array([m[0] for m in msgs])
-        for i, j in zip(arm.indices, arm.joints):
+        for i, j in zip(mapping.indices, mapping.joints):
             if any(j not in m[1] for m in msgs):
-                raise ConfigError(f"{path}: {arm.joint_states} lacks joint {j!r} in some messages")
+                raise ConfigError(f"{path}: {mapping.topic} lacks joint {j!r} in some messages")
             qpos[:, i] = np.interp(times, ts, [m[1][j] for m in msgs])
             qvel[:, i] = np.interp(times, ts, [m[2][j] for m in msgs])
-        if use_commands:
-            cmds = commands[arm.command]
-            ct = np.array([c[0] for c in cmds])
-            values = np.array([c[1] for c in cmds])
-            if values.shape[1] != len(arm.indices):
-                raise ConfigError(f"{path}: commands on {arm.command} have {values.shape[1]} values; "
-                                  f"{len(arm.indices)} joints expected")
-            newest = np.searchsorted(ct, times + 1e-9, side="right") - 1  # held until the next one
-            action[:, list(arm.indices)] = values[newest]
+    for mapping in cfg.commands if use_commands else ():
+        cmds = commands[mapping.topic]
+        ct = np.array([c[0] for c in cmds])
+        sizes = sorted({len(c[1]) for c in cmds})
+        if sizes != [len(mapping.indices)]:
+            raise ConfigError(f"{path}: commands on {mapping.topic} have {' or '.join(map(str, sizes))} values; the "
+                              f"robot description declares {len(mapping.indices)} joints there ({', '.join(mapping.joints)})")
+        values = np.array([c[1] for c in cmds])
+        newest = np.searchsorted(ct, times + 1e-9, side="right") - 1  # held until the next one
+        action[:, list(mapping.indices)] = values[newest]
     for i, (closed, opened) in cfg.grippers.items():
         qpos[:, i] = (qpos[:, i] - closed) / (opened - closed)
         qvel[:, i] = qvel[:, i] / (opened - closed)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import yaml
@@ -42,16 +42,45 @@ def read_robot_yaml(robot: str | Path) -> tuple[Path, dict]:
     return path, d
 
 
+GRIPPER_UNITS = ("finger_m", "joint_rad", "normalized")
+
+
 @dataclass(frozen=True)
 class GripperSpec:
-    joint: str  # the finger joint it drives
-    closed: float  # finger position at gripper value 0
-    open: float  # finger position at gripper value 1
+    """How a gripper travels on the wire. In actions and observations every gripper is 0 (closed)
+    .. 1 (open); on the robot's topics it is `closed + g * (open - closed)` in its own unit:
+    finger_m (finger travel in metres), joint_rad (a gripper joint's angle) or normalized (0..1
+    unless said otherwise). The twin's fingers are the twin's business (sim/robot.py)."""
 
-    def to_finger(self, g: np.ndarray | float) -> np.ndarray | float:
+    unit: str = "finger_m"
+    closed: float = 0.0  # wire value at gripper 0
+    open: float = 1.0    # wire value at gripper 1
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str) -> "GripperSpec":
+        if not isinstance(d, dict):
+            raise ConfigError(f"{where}.gripper is a mapping {{unit: finger_m|joint_rad|normalized, closed, open}}, not {d!r}")
+        extra = sorted(set(d) - {"unit", "closed", "open"})
+        if extra:
+            raise ConfigError(f"{where}.gripper: unknown key(s) {extra}; a gripper has unit, closed and open (its wire "
+                              "values at closed and open)")
+        unit = d.get("unit", "finger_m")
+        if unit not in GRIPPER_UNITS:
+            raise ConfigError(f"{where}.gripper.unit={unit!r}; choose one of {', '.join(GRIPPER_UNITS)}")
+        if unit != "normalized" and ("closed" not in d or "open" not in d):
+            raise ConfigError(f"{where}.gripper: unit {unit} needs closed and open (the wire values at closed and open)")
+        try:
+            g = cls(unit, float(d.get("closed", 0.0)), float(d.get("open", 1.0)))
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"{where}.gripper: closed and open are numbers ({e})") from None
+        if g.closed == g.open:
+            raise ConfigError(f"{where}.gripper: closed and open are both {g.closed}; they must differ")
+        return g
+
+    def to_wire(self, g: np.ndarray | float) -> np.ndarray | float:
         return self.closed + np.asarray(g) * (self.open - self.closed)
 
-    def from_finger(self, q: np.ndarray | float) -> np.ndarray | float:
+    def from_wire(self, q: np.ndarray | float) -> np.ndarray | float:
         return (np.asarray(q) - self.closed) / (self.open - self.closed)
 
 
@@ -68,7 +97,7 @@ class RobotSpec:
     joint_names: tuple[str, ...]
     lower: np.ndarray
     upper: np.ndarray
-    grippers: dict[int, GripperSpec]  # action index -> gripper
+    grippers: dict[int, GripperSpec]  # action index -> its wire units
     cameras: tuple[CameraSpec, ...]
     control_hz: float
     home: np.ndarray
@@ -88,7 +117,8 @@ class RobotSpec:
             names = tuple(j["name"] for j in joints)
             lower = np.array([float(j["lower"]) for j in joints], dtype=np.float32)
             upper = np.array([float(j["upper"]) for j in joints], dtype=np.float32)
-            grippers = {i: GripperSpec(**j["gripper"]) for i, j in enumerate(joints) if "gripper" in j}
+            grippers = {i: GripperSpec.from_dict(j["gripper"], f"{path}: joints[{i}] ({j['name']})")
+                        for i, j in enumerate(joints) if "gripper" in j}
             cams = tuple(CameraSpec(c["name"], int(c["height"]), int(c["width"])) for c in d.get("cameras", []))
             home = np.array(d.get("home", (lower + upper) / 2), dtype=np.float32)
             spec = cls(d["name"], names, lower, upper, grippers, cams, float(d["control_hz"]), home)

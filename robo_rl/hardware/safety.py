@@ -11,6 +11,12 @@ Every clip and rejection is counted (`counts`), per reason, for the end-of-run r
 Watchdog: no fresh command for `command_timeout_s` -> hold position; no fresh observation for
 `observation_timeout_s` -> stop commanding, and say which.
 
+TrackingMonitor: a robot that does not follow its commands (its controller inactive, commands on
+a topic nobody reads, a controller refusing messages of the wrong size) looks alive: joint states
+keep coming. When an arm joint stays farther than `tracking_tolerance` from the command sent
+before for longer than `tracking_timeout_s`, the loop stops, naming the joints. Grippers are not
+watched: a grasp stops the fingers short of their command by design.
+
 EStop: a latch. Once tripped (a key, a ROS 2 topic, a watchdog) it stays tripped until reset.
 """
 
@@ -38,6 +44,8 @@ class SafetyConfig:
     gripper_max_step: float = 0.1        # normalised gripper units per tick
     command_timeout_s: float = 0.1       # no fresh command for this long -> hold position
     observation_timeout_s: float = 0.2   # no fresh joint state for this long -> stop commanding
+    tracking_tolerance: float = 0.3      # rad: an arm joint this far from its command is not following...
+    tracking_timeout_s: float = 1.0      # ...and for this long, the loop stops commanding
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None, where: str = "safety") -> "SafetyConfig":
@@ -124,6 +132,39 @@ class SafetyFilter:
 
     def report(self) -> dict[str, Any]:
         return {"commands": self.commands, **{r: int(self.counts[r]) for r in REASONS}}
+
+
+class TrackingMonitor:
+    """Says when the robot has not followed its commands for too long (see the module docstring).
+    `check(qpos, commanded, now)` each tick with the measured positions and the command sent
+    before them; a message when tracking is lost, else None."""
+
+    def __init__(self, spec: RobotSpec, config: SafetyConfig):
+        self.spec, self.config = spec, config
+        self.arm = np.ones(spec.action_dim, bool)
+        self.arm[list(spec.grippers)] = False
+        self.since: float | None = None   # when the error first went over the tolerance (this run)
+        self.worst = np.zeros(spec.action_dim)
+        self.stops = 0
+
+    def check(self, qpos: np.ndarray, commanded: np.ndarray, now: float) -> str | None:
+        err = np.abs(np.asarray(qpos, np.float64) - np.asarray(commanded, np.float64))
+        err[~self.arm | ~np.isfinite(err)] = 0.0
+        if not (err > self.config.tracking_tolerance).any():
+            self.since, self.worst[:] = None, 0.0
+            return None
+        if self.since is None:
+            self.since = now
+        self.worst = np.maximum(self.worst, err)
+        if now - self.since < self.config.tracking_timeout_s:
+            return None
+        self.stops += 1
+        off = np.flatnonzero(err > self.config.tracking_tolerance)
+        joints = ", ".join(f"{self.spec.joint_names[i]} {err[i]:.2f} rad" for i in off[np.argsort(-err[off])][:4])
+        more = f" and {len(off) - 4} more" if len(off) > 4 else ""
+        return (f"the robot does not follow its commands: {joints}{more} from the command for {now - self.since:.1f} s "
+                f"(safety.tracking_tolerance {self.config.tracking_tolerance:g} rad, tracking_timeout_s "
+                f"{self.config.tracking_timeout_s:g} s); stopped commanding")
 
 
 @dataclass

@@ -16,12 +16,19 @@ was thinking are dropped (and counted), and execution starts at the one due now.
 `blend_steps` commands after a hand-over move linearly from the old chunk's continuation to the
 new chunk, so the commanded joints do not jump.
 
+Real-time chunking (`rtc=True`, robo_rl/policies/rtc.py): each request also hands the predictor
+the current chunk's actions from the request's tick on and the delay d in ticks, estimated from
+the slowest recent inference; the new chunk then agrees with the old one where they overlap (its
+first d actions are the old ones, which run while it is computed), so there is no blend.
+
 At the end, `ControllerReport` has the timing table: tick period p50/p99/max, overruns, inference
-latency, dropped and missing actions, watchdog holds/stops and the safety filter's counts.
+latency, dropped and missing actions, the largest joint jump at a chunk hand-over, watchdog
+holds/stops and the safety filter's counts.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 import time
@@ -32,6 +39,7 @@ from typing import Any, Callable, Mapping, Protocol
 import numpy as np
 
 from robo_rl.errors import ConfigError
+from robo_rl.hardware.safety import TrackingMonitor
 
 
 @dataclass
@@ -40,7 +48,9 @@ class ControllerConfig:
     record_hz: float | None = None   # recording rate (None: the command rate)
     n_obs: int = 2                   # observation frames per policy window
     n_action_steps: int = 8          # predict again when this many actions or fewer are left
-    blend_steps: int = 4             # hand-over ramp (ticks)
+    blend_steps: int = 4             # hand-over ramp (ticks); unused with rtc
+    rtc: bool = False                # real-time chunking: the predictor takes (window, previous, delay)
+    rtc_latency_window: int = 5      # rtc: the delay is the slowest of the last this many inferences
     spin_s: float = 0.002            # busy-wait this long before each deadline (sleep is coarse)
 
     def validate(self) -> None:
@@ -65,9 +75,11 @@ class ControllerReport:
     chunks: int = 0
     dropped_actions: int = 0          # actions whose time passed before their chunk arrived
     missing_actions: int = 0          # ticks with no action due (no chunk yet, or a chunk ran out): held
+    handover_jumps: list[float] = field(default_factory=list)  # per hand-over: the largest joint change (rad) that tick
     recorded: int = 0
     watchdog_holds: int = 0
     watchdog_stops: int = 0
+    tracking_stops: int = 0           # runs stopped because the robot did not follow its commands
     stopped_reason: str = ""
     interrupted: bool = False         # Ctrl-C ended the run (a normal way to stop teleop)
     safety: dict[str, int] = field(default_factory=dict)
@@ -97,17 +109,19 @@ class ControllerReport:
                 "period_max_ms": max(self.period_ms, default=float("nan")), "overruns": self.overruns,
                 "inference_p50_ms": pct(self.inference_ms, 50), "inference_p99_ms": pct(self.inference_ms, 99),
                 "chunks": self.chunks, "dropped_actions": self.dropped_actions, "missing_actions": self.missing_actions,
+                "handover_jump_max": max(self.handover_jumps, default=0.0),
                 "recorded": self.recorded, "watchdog_holds": self.watchdog_holds,
-                "watchdog_stops": self.watchdog_stops, "stopped_reason": self.stopped_reason,
+                "watchdog_stops": self.watchdog_stops, "tracking_stops": self.tracking_stops,
+                "stopped_reason": self.stopped_reason,
                 "interrupted": self.interrupted, **self.safety}
 
 
 class InferenceWorker:
     """Runs `predict(window) -> (H, A) chunk` on the newest window it is handed, in a thread."""
 
-    def __init__(self, predict: Callable[[Mapping[str, np.ndarray]], np.ndarray]):
+    def __init__(self, predict: Callable[..., np.ndarray]):
         self.predict = predict
-        self._request: tuple[float, dict[str, np.ndarray]] | None = None
+        self._request: tuple[float, dict[str, np.ndarray], dict[str, Any]] | None = None
         self._result: TimedChunk | None = None
         self._latencies: list[float] = []
         self._error: BaseException | None = None
@@ -117,12 +131,13 @@ class InferenceWorker:
         self._thread = threading.Thread(target=self._run, name="inference", daemon=True)
         self._thread.start()
 
-    def request(self, obs_time: float, window: dict[str, np.ndarray]) -> bool:
-        """Ask for a chunk from this window unless one is being computed. True if accepted."""
+    def request(self, obs_time: float, window: dict[str, np.ndarray], **extra: Any) -> bool:
+        """Ask for a chunk from this window (`extra` goes to `predict` too) unless one is being
+        computed. True if accepted."""
         with self._cv:
             if self._busy or self._request is not None:
                 return False
-            self._request = (obs_time, window)
+            self._request = (obs_time, window, extra)
             self._cv.notify()
             return True
 
@@ -144,11 +159,11 @@ class InferenceWorker:
                     self._cv.wait()
                 if self._stop:
                     return
-                (obs_time, window), self._request = self._request, None
+                (obs_time, window, extra), self._request = self._request, None
                 self._busy = True
             t = time.perf_counter()
             try:
-                chunk = np.asarray(self.predict(window), dtype=np.float32)
+                chunk = np.asarray(self.predict(window, **extra), dtype=np.float32)
                 if chunk.ndim == 3:  # a batch of one
                     chunk = chunk[0]
             except BaseException as e:  # surfaced to the loop by take()
@@ -200,7 +215,8 @@ class ActionSource(Protocol):
 
 class PolicyChunks:
     """A policy as an action source: chunks predicted in an InferenceWorker thread from the newest
-    observation window, executed on absolute time (late actions dropped), blended at hand-over."""
+    observation window, executed on absolute time (late actions dropped), blended at hand-over,
+    or with `config.rtc` made to agree with the old chunk by the predictor itself."""
 
     def __init__(self, predict: Callable[[Mapping[str, np.ndarray]], np.ndarray], config: ControllerConfig,
                  make_window: Callable[[list[Any]], dict[str, np.ndarray]] = observation_window):
@@ -210,6 +226,8 @@ class PolicyChunks:
         self.current: TimedChunk | None = None
         self._blend_from: TimedChunk | None = None
         self._blend_left = 0
+        self._last_action: np.ndarray | None = None
+        self._handover = False
 
     def action(self, deadline: float, history: list[Any], report: ControllerReport) -> np.ndarray | None:
         cfg, period = self.config, self.period
@@ -219,13 +237,19 @@ class PolicyChunks:
             report.chunks += 1
             passed = int(np.floor((deadline - chunk.start) / period + 1e-6))
             report.dropped_actions += max(0, min(passed, len(chunk.actions)))
-            if self.current is not None and cfg.blend_steps > 0:
+            if self.current is not None and cfg.blend_steps > 0 and not cfg.rtc:
                 self._blend_from, self._blend_left = self.current, cfg.blend_steps
+            self._handover = self.current is not None
             self.current = chunk
         current = self.current
         index = None if current is None else int(round((deadline - current.start) / period))
         if len(history) == cfg.n_obs and (current is None or len(current.actions) - index <= cfg.n_action_steps):
-            self.worker.request(deadline, self.make_window(history))
+            extra = {}
+            if cfg.rtc and current is not None:  # the old plan from this tick on, and how late the new one will be
+                recent = self.worker.latencies()[-cfg.rtc_latency_window:]
+                delay = int(math.ceil(max(recent, default=0.0) / 1e3 / period))
+                extra = {"previous": current.actions[max(index, 0):][None], "delay": delay}
+            self.worker.request(deadline, self.make_window(history), **extra)
         if current is None or not 0 <= index < len(current.actions):
             return None
         action = current.actions[index]
@@ -235,6 +259,9 @@ class PolicyChunks:
                 w = self._blend_left / (cfg.blend_steps + 1)
                 action = w * self._blend_from.actions[j] + (1 - w) * action
             self._blend_left -= 1
+        if self._handover and self._last_action is not None:  # the first tick on a new chunk
+            report.handover_jumps.append(float(np.abs(np.asarray(action) - self._last_action).max()))
+        self._handover, self._last_action = False, np.asarray(action, np.float64)
         return action
 
     def close(self) -> None:
@@ -247,7 +274,9 @@ class PolicyChunks:
 class Controller:
     """Runs `robot` at `config.hz` with commands from `source` (an ActionSource; a bare `predict`
     function becomes PolicyChunks), through `safety` (a SafetyFilter) and `watchdog` if given;
-    `estop` (an EStop) ends the run at the next tick."""
+    `estop` (an EStop) ends the run at the next tick. With `safety`, a TrackingMonitor on the
+    same limits stops the run when the robot does not follow (its message names the joints, and
+    the robot's `command_hint()` where it has one: the topics the commands went to)."""
 
     def __init__(self, robot: Any, source: Any, config: ControllerConfig,
                  safety: Any = None, watchdog: Any = None, estop: Any = None,
@@ -258,6 +287,7 @@ class Controller:
         self.robot, self.config, self.safety, self.watchdog, self.estop = robot, config, safety, watchdog, estop
         self.on_record, self.clock = on_record, clock
         self.source = source if hasattr(source, "action") else PolicyChunks(source, config, make_window)
+        self.tracking = None if safety is None else TrackingMonitor(safety.spec, safety.config)
 
     def run(self, duration_s: float | None = None, stop: Callable[[], bool] | None = None) -> ControllerReport:
         """Run for `duration_s` (None: until `stop()` is true, checked every tick) and report.
@@ -297,6 +327,15 @@ class Controller:
                     break
                 obs = self.robot.observe()
                 history.append(obs)
+                lost = None if self.tracking is None else self.tracking.check(obs.qpos, command, start)
+                if lost is not None:
+                    hint = getattr(self.robot, "command_hint", None)
+                    report.tracking_stops += 1
+                    report.stopped_reason = lost + (
+                        ". Likely: its controller is not active (`ros2 control list_controllers`), the commands go "
+                        f"where no controller listens ({hint()}), or the joint order or message size is not the "
+                        "controller's (it refuses them)" if hint is not None else "")
+                    break
                 if self.watchdog is not None:
                     # A robot fed by messages says when its newest joint state arrived (`last_update`,
                     # this clock); one that is read directly is always fresh.

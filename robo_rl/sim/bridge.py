@@ -1,10 +1,14 @@
 """The MuJoCo twin served as a ROS 2 robot: what `robo-rl sim-bridge` runs.
 
-It reads the robot description's `ros2:` topics (hardware/<robot>.yaml) and, at the control rate
-in real time: applies the newest command of each arm (a JointTrajectory's first point or a
-Float64MultiArray), steps the physics, and publishes each arm's sensor_msgs/JointState (grippers
-as finger positions in metres, like the real arms). A command holding NaN or inf is refused and
-counted, never applied. Every ROS 2 path (deploy, teleop, record) thereby runs without hardware.
+It reads the robot description's `ros2:` topics (hardware/<robot>.yaml, any of its layouts: per
+arm, or one topic for all joints) and, at the control rate in real time: applies the newest
+command on each command topic (a JointTrajectory's first point, by joint name, or a
+Float64MultiArray's values in the declared order), steps the physics, and publishes
+sensor_msgs/JointState on each joint-state topic (grippers in the description's wire unit, like the
+real arms). A command of the wrong size or holding NaN or inf is refused and counted, never
+applied, as a real controller rejects it. Every ROS 2 path (deploy, teleop, record) thereby runs
+without hardware. `follow=False` plays a robot whose controller is not running: commands arrive
+and are counted, and the arms stay where they are.
 
 Cameras (none unless asked for): each renders at `camera_hz` onto its `ros2.cameras` topic, as a
 sensor_msgs/Image (rgb8) or a CompressedImage (JPEG). Rendering happens in the control loop, on
@@ -33,9 +37,10 @@ import numpy as np
 from robo_rl.errors import ConfigError
 from robo_rl.hardware.ros2.episodes import EpisodeServer
 from robo_rl.hardware.ros2.messages import CompressedImage, Header, Image, JointState, Time
-from robo_rl.hardware.ros2.robot import (COMMAND_TYPES, IMAGE_TYPES, ArmTopics, CameraTopic, Ros2Config, from_wire,
+from robo_rl.hardware.robot import RobotSpec
+from robo_rl.hardware.ros2.robot import (COMMAND_TYPES, IMAGE_TYPES, CameraTopic, CommandTopic, Ros2Config, from_wire,
                                          to_wire)
-from robo_rl.sim.robot import SimRobot
+from robo_rl.sim.robot import SimRobot, new_renderer
 
 
 class JpegEncoder:
@@ -61,7 +66,8 @@ class SimBridge:
     def __init__(self, robot: str = "aloha", scene: str = "aloha.xml", domain_id: int | None = None,
                  transport: Any = None, prefer: str = "auto", cameras: Sequence[str] = (), camera_hz: float = 15.0,
                  image_size: tuple[int, int] = (240, 320), image_type: str | None = None, task: str | None = None,
-                 seed: int = 100_000, episodes: int | None = None, disturb: bool = True, max_steps: int | None = None):
+                 seed: int = 100_000, episodes: int | None = None, disturb: bool = True, max_steps: int | None = None,
+                 follow: bool = True):
         self.env = self.twin = None
         if task is not None:  # the task's scene, reset per episode through the episode protocol
             from robo_rl.sim.envs import BimanualEnv, TaskTwin
@@ -81,7 +87,14 @@ class SimBridge:
         self.episode: dict | None = None   # the episode being served: key (run, number), seed, ticks
         self.results: list[dict] = []       # every ended episode's status, in order
         self.episodes_started = 0
-        self.config = Ros2Config.from_yaml(robot, self.sim.spec)
+        # the wire speaks the served description (its topics, names and gripper units); the twin
+        # underneath is ours, matched to it joint for joint in action order
+        self.wire = RobotSpec.from_yaml(robot)
+        if self.wire.action_dim != self.sim.spec.action_dim:
+            raise ConfigError(f"sim-bridge: robot={robot} has {self.wire.action_dim} joints; the twin has "
+                              f"{self.sim.spec.action_dim} ({', '.join(self.sim.spec.joint_names)})")
+        self.config = Ros2Config.from_yaml(robot, self.wire)
+        self.follow = bool(follow)
         if domain_id is not None:
             self.config = dataclasses.replace(self.config, domain_id=int(domain_id))
         self.cameras = self._check_cameras(cameras, camera_hz, image_size, image_type)
@@ -97,15 +110,14 @@ class SimBridge:
         self.frames_published = 0
         self.ticks = 0
         self.tick_s: deque[float] = deque(maxlen=30_000)  # the last 10 min of ticks' work (physics, publishing, rendering), not sleep
-        self._publish = {arm.name: transport.publisher(arm.joint_states, JointState, qos="sensor")
-                         for arm in self.config.arms}
-        for arm in self.config.arms:
-            transport.subscribe(arm.command, COMMAND_TYPES[arm.command_type],
-                                lambda msg, arm=arm: self._on_command(arm, msg))
+        self._publish = {t.topic: transport.publisher(t.topic, JointState, qos="sensor") for t in self.config.states}
+        for command in self.config.commands:
+            transport.subscribe(command.topic, COMMAND_TYPES[command.type],
+                                lambda msg, c=command: self._on_command(c, msg))
         self.image_size = (int(image_size[0]), int(image_size[1]))
         # made here, on the thread that will step and render (GL contexts belong to one thread), so
         # the first tick does not pay for it
-        self._renderer = mujoco.Renderer(self.sim.model, *self.image_size) if self.cameras else None
+        self._renderer = new_renderer(self.sim.model, *self.image_size) if self.cameras else None
         for cam in self.cameras:  # the first render of a camera is slow (GL warm-up): not in a tick
             self.render(cam.name)
         self._publish_frame = {c.name: transport.publisher(c.topic, IMAGE_TYPES[c.type], qos="sensor")
@@ -194,21 +206,23 @@ class SimBridge:
             cams = tuple(dataclasses.replace(c, type=image_type) for c in cams)
         return cams
 
-    def _on_command(self, arm: ArmTopics, msg: Any) -> None:
-        if arm.command_type == "trajectory":
+    def _on_command(self, command: CommandTopic, msg: Any) -> None:
+        if command.type == "trajectory":
             if not msg.points:
                 return
             by_name = dict(zip(msg.joint_names, msg.points[0].positions))
-            values = [by_name.get(j, np.nan) for j in arm.joints]
+            values = [by_name.get(j, np.nan) for j in command.joints]  # a joint not named: refused below
         else:
             values = list(msg.data)
         values = np.asarray(values, dtype=np.float64)
         with self._lock:
             self.commands_received += 1
-            if values.shape != (len(arm.indices),) or not np.isfinite(values).all():
+            if values.shape != (len(command.indices),) or not np.isfinite(values).all():
                 self.commands_refused += 1
                 return
-            for i, v in from_wire(self.sim.spec, dict(zip(arm.indices, values))).items():
+            if not self.follow:
+                return
+            for i, v in from_wire(self.wire, dict(zip(command.indices, values))).items():
                 self._command[i] = v
 
     def step(self) -> None:
@@ -224,11 +238,12 @@ class SimBridge:
             if ended is not None:
                 statuses.append(ended)
         qpos, qvel = self.sim.joint_positions(), self.sim.joint_velocities()
-        wire = to_wire(self.sim.spec, qpos)
+        wire, wire_vel = to_wire(self.wire, qpos), to_wire(self.wire, qvel, velocity=True)
         stamp = Time.now()
-        for arm in self.config.arms:
-            self._publish[arm.name](JointState(Header(stamp), list(arm.joints), [float(wire[i]) for i in arm.indices],
-                                               [float(qvel[i]) for i in arm.indices], []))
+        for states in self.config.states:
+            self._publish[states.topic](JointState(Header(stamp), list(states.joints),
+                                                   [float(wire[i]) for i in states.indices],
+                                                   [float(wire_vel[i]) for i in states.indices], []))
         for i, cam in enumerate(self.cameras):
             if self.ticks >= self._due[i]:
                 self._due[i] += self._every
@@ -241,7 +256,7 @@ class SimBridge:
     def render(self, camera: str) -> np.ndarray:
         """The camera's view of the twin now, uint8 HWC RGB at image_size."""
         if self._renderer is None:
-            self._renderer = mujoco.Renderer(self.sim.model, *self.image_size)
+            self._renderer = new_renderer(self.sim.model, *self.image_size)
         self._renderer.update_scene(self.sim.data, camera)
         return self._renderer.render()
 

@@ -233,25 +233,47 @@ def generate_dataset(env_name: str, out: str | Path, episodes: int, dataset_type
     }
 
 
-def make_env_and_datasets(name: str, dataset_path: str | Path, **kwargs) -> tuple[Any, dict, dict]:
-    """(env, train, val) through ogbench.utils.make_env_and_datasets from a local `<name>.npz`
-    (its `-val.npz` beside it). `name` is any OGBench dataset name: goal-conditioned
-    (cube-single-play-v0), single-task (cube-single-play-singletask-task2-v0) or oracle-rep."""
+def make_env_and_datasets(name: str, dataset_path: str | Path, **kwargs) -> tuple[Any, dict, dict | None]:
+    """(env, train, val) through ogbench.utils.make_env_and_datasets from a local `<name>.npz`.
+    `name` is any OGBench dataset name: goal-conditioned (cube-single-play-v0), single-task
+    (cube-single-play-singletask-task2-v0) or oracle-rep. The `-val.npz` beside it is optional:
+    without it, val is None and the training file is loaded as OGBench loads it (rewards relabelled
+    for single-task names, oracle representations added for oracle-rep ones)."""
     path = Path(dataset_path)
-    val = Path(str(path).replace(".npz", "-val.npz"))
-    for p in (path, val):
-        if not p.is_file():
-            raise RoboRLError(f"{p}: no such dataset file; make it with `robo-rl ogbench-data`")
+    if not path.is_file():
+        raise RoboRLError(f"{path}: no such dataset file; make it with `robo-rl ogbench-data`")
+    has_val = Path(str(path).replace(".npz", "-val.npz")).is_file()
     og = _import_ogbench()
     import gymnasium
 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*precision lowered.*")
         try:
-            return og.utils.make_env_and_datasets(name, dataset_path=str(path), **kwargs)
+            if has_val:
+                return og.utils.make_env_and_datasets(name, dataset_path=str(path), **kwargs)
+            env = og.utils.make_env_and_datasets(name, env_only=True, **{k: v for k, v in kwargs.items()
+                                                                         if k != "compact_dataset"})
         except gymnasium.error.Error as e:
             raise RoboRLError(f"{name!r} is not an OGBench dataset name ({e}); e.g. cube-single-play-v0, "
                               f"cube-single-play-singletask-task2-v0, cube-single-play-oraclerep-v0") from None
+        return env, _load_train_only(og, name, env, path, bool(kwargs.get("compact_dataset", False))), None
+
+
+def _load_train_only(og: Any, name: str, env: Any, path: Path, compact: bool) -> dict:
+    """The training file as ogbench.utils.make_env_and_datasets prepares it, with no val file."""
+    splits, env_id = name.split("-"), env.spec.id
+    visual = "visual" in env_id or "powderworld" in env_id
+    extra = "singletask" in splits or "oraclerep" in splits  # these need qpos & co. while preparing
+    train = og.utils.load_dataset(str(path), ob_dtype=np.uint8 if visual else np.float32,
+                                  action_dtype=np.int32 if "powderworld" in env_id else np.float32,
+                                  compact_dataset=compact, add_info=extra)
+    if "singletask" in splits:
+        og.utils.relabel_dataset(env_id, env, train)
+    if "oraclerep" in splits:
+        og.utils.add_oracle_reps(env_id, env, train)
+    for key in ("qpos", "qvel", "button_states"):
+        train.pop(key, None)
+    return train
 
 
 def evaluate(env, act_fn: Callable[[np.ndarray, np.ndarray | None], np.ndarray], episodes: int, seed: int = 0,

@@ -16,6 +16,19 @@ from robo_rl.hardware.robot import Observation, RobotSpec
 SIM_DIR = Path(__file__).resolve().parents[2] / "sim"
 
 
+def new_renderer(model: mujoco.MjModel, height: int, width: int) -> mujoco.Renderer:
+    """mujoco.Renderer, or a one-line error saying what to install when this machine cannot
+    render (no display and no EGL or OSMesa: `robo-rl` then sets MUJOCO_GL=disable)."""
+    import os
+
+    try:
+        return mujoco.Renderer(model, height, width)
+    except Exception as e:  # noqa: BLE001 - GL set-up fails in many ways (missing library, no device, no display)
+        raise RoboRLError(f"cannot render offscreen with MUJOCO_GL={os.environ.get('MUJOCO_GL', '(unset)')} "
+                          f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}): install EGL (apt install "
+                          "libegl1 libgl1-mesa-dri) or OSMesa (apt install libosmesa6), or run with a display") from None
+
+
 class SimRobot:
     """Implements robo_rl.hardware.robot.Robot. `model` and `data` are public for tasks and the
     simulated operator, which need privileged state; control code should use only the protocol."""
@@ -40,17 +53,21 @@ class SimRobot:
         self.substeps = int(round(1.0 / (self.spec.control_hz * dt)))
         if abs(self.substeps * dt * self.spec.control_hz - 1.0) > 1e-6:
             raise ConfigError(f"{path}: timestep {dt} does not divide the control period 1/{self.spec.control_hz}")
-        # Where each action dimension lives in qpos / qvel / ctrl.
-        joint_of = [self.spec.grippers[i].joint if i in self.spec.grippers else n for i, n in enumerate(self.spec.joint_names)]
+        # Where each action dimension lives in qpos / qvel / ctrl. A gripper's actuator (named as
+        # the gripper) drives its finger joint, whose range is the finger travel closed..open: the
+        # twin describes its own fingers, whatever units the robot description puts on the wire.
         try:
-            self._qadr = np.array([self.model.joint(j).qposadr[0] for j in joint_of])
-            self._vadr = np.array([self.model.joint(j).dofadr[0] for j in joint_of])
             self._act = np.array([self.model.actuator(n).id for n in self.spec.joint_names])
+            joint_ids = [int(self.model.actuator_trnid[a, 0]) if i in self.spec.grippers else self.model.joint(n).id
+                         for i, (a, n) in enumerate(zip(self._act, self.spec.joint_names))]
         except KeyError as e:
             raise ConfigError(f"{path}: has no joint or actuator {e} that {self.spec.name}.yaml names") from None
+        self._qadr = self.model.jnt_qposadr[joint_ids].copy()
+        self._vadr = self.model.jnt_dofadr[joint_ids].copy()
         self._grip_idx = np.array(sorted(self.spec.grippers), dtype=int)
-        self._grip_closed = np.array([self.spec.grippers[i].closed for i in self._grip_idx])
-        self._grip_span = np.array([self.spec.grippers[i].open - self.spec.grippers[i].closed for i in self._grip_idx])
+        self._finger = {i: mujoco.mj_id2name(self.model, mujoco.mjtObj.mjOBJ_JOINT, joint_ids[i]) for i in self._grip_idx}
+        travel = self.model.jnt_range[[joint_ids[i] for i in self._grip_idx]].reshape(-1, 2)
+        self._grip_closed, self._grip_span = travel[:, 0].copy(), travel[:, 1] - travel[:, 0]
         self.cameras = list(cameras) if cameras is not None else [c.name for c in self.spec.cameras]
         for cam in self.cameras:
             if mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_CAMERA, cam) < 0:
@@ -65,7 +82,7 @@ class SimRobot:
     def connect(self) -> None:
         if self.cameras and self._renderer is None:
             h, w = self.image_size
-            self._renderer = mujoco.Renderer(self.model, h, w)
+            self._renderer = new_renderer(self.model, h, w)
 
     def observe(self) -> Observation:
         return Observation(qpos=self.joint_positions(), qvel=self.joint_velocities(), images=self.render(),
@@ -103,7 +120,7 @@ class SimRobot:
         ctrl = self._to_ctrl(np.asarray(qpos, dtype=np.float64))
         self.data.qpos[self._qadr] = ctrl
         for i in self._grip_idx:  # the mirrored finger follows its equality constraint
-            mirror = self.spec.grippers[i].joint + "_mirror"
+            mirror = self._finger[i] + "_mirror"
             jid = mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_JOINT, mirror)
             if jid >= 0:
                 self.data.qpos[self.model.jnt_qposadr[jid]] = ctrl[i]

@@ -16,6 +16,7 @@ import os
 
 import numpy as np
 
+from robo_rl.errors import ConfigError
 from robo_rl.hardware.teleop import ARMS, KeyboardTeleop, TeleopDevice, TeleopInput
 from robo_rl.rac.intervention import OperatorEvent, Phase
 from robo_rl.sim.expert import arm_slice, commanded_qpos, grip_index
@@ -23,19 +24,31 @@ from robo_rl.sim.ik import ArmIK
 
 
 class TeleopOperator:
-    """Operator protocol over a TeleopDevice for a BimanualEnv (or its SimRobot)."""
+    """Operator protocol over a TeleopDevice for a BimanualEnv (or its SimRobot), whose model
+    serves the end-effector moves' IK. Leader arms give joint positions and need no model:
+    `env=None` with the robot's `spec` then builds none (a device that moves end effectors is
+    refused)."""
 
     def __init__(self, env, device: TeleopDevice, max_reach_m: float = 0.6, recover: bool = True,
-                 min_height_m: float = 0.005):
-        env = env.unwrapped if hasattr(env, "unwrapped") else env
-        self.robot = getattr(env, "robot", env)
+                 min_height_m: float = 0.005, spec=None):
         self.device = device
         self.name = f"human_{device.name}"
+        self.recover = recover
+        if env is None:  # joints one to one: no kinematics
+            if spec is None or not getattr(device, "gives_joints", False):
+                raise ConfigError(f"teleop device {device.name} moves end effectors: it needs the arms' kinematic "
+                                  "model (only leader arms, which give joint positions, run without one)")
+            self.robot, self.ik, self._base = None, {}, {}
+            self._arm_slice = {arm: arm_slice(spec, arm) for arm in ARMS}
+            self._grip_index = {arm: grip_index(spec, arm) for arm in ARMS}
+            self.reset()
+            return
+        env = env.unwrapped if hasattr(env, "unwrapped") else env
+        self.robot = getattr(env, "robot", env)
         self.max_reach_m = max_reach_m  # targets stay within this of the arm's base: a held key cannot run away
         self.min_height_m = min_height_m  # ... and above the table
         # HG-DAgger's human corrects at once: "recovery done" follows the takeover by itself, so a
-        # baseline run never trains on recovery steps whatever keys are pressed
-        self.recover = recover
+        # baseline run never trains on recovery steps whatever keys are pressed (self.recover)
         self.ik = {arm: ArmIK(self.robot.model, f"{arm}_") for arm in ARMS}
         spec = self.robot.spec
         self._arm_slice = {arm: arm_slice(spec, arm) for arm in ARMS}
@@ -67,6 +80,12 @@ class TeleopOperator:
     def command(self, phase: Phase, last_command: np.ndarray) -> np.ndarray:
         if self._targets is None:
             self._start(last_command)
+        if self.robot is None:  # leader arms, no model: joint positions one to one
+            for arm, q in self._input.joints.items():
+                self._command[self._arm_slice[arm]] = q[:6]
+                self._command[self._grip_index[arm]] = q[6]
+            self._input = TeleopInput()
+            return self._command.astype(np.float32)
         qpos = commanded_qpos(self.robot, self.ik, self._command)
         for arm in ARMS:
             if arm in self._input.joints:  # leader arms: joint positions one to one, no IK
@@ -98,6 +117,9 @@ class TeleopOperator:
     def _start(self, last_command: np.ndarray) -> None:
         """Targets = the end-effector poses the last command puts the arms at; gripper state synced."""
         self._command = np.array(last_command, dtype=np.float64)
+        if self.robot is None:
+            self._targets = {}
+            return
         qpos = commanded_qpos(self.robot, self.ik, self._command)
         self._targets = {arm: self.ik[arm].site_pose(qpos) for arm in ARMS}
         if hasattr(self.device, "gripper"):

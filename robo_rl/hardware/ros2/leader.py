@@ -58,6 +58,7 @@ class LeaderConfig:
 
 class LeaderArms:
     name = "leader"
+    gives_joints = True  # joint positions one to one: the operator needs no kinematic model
 
     def __init__(self, robot: str | Path = "aloha", transport: Any = None, config: LeaderConfig | None = None,
                  owns_transport: bool | None = None):

@@ -1,11 +1,13 @@
 """Ros2Robot: the Robot protocol over ROS 2 topics, configured by the `ros2:` section of
 hardware/<robot>.yaml.
 
-Per arm: a sensor_msgs/JointState topic it reads, and a command topic it writes, either
+Joint states arrive as sensor_msgs/JointState, read by joint name: one topic per arm, or one
+topic with every joint (ros2_control's joint_state_broadcaster). Commands leave either as
 trajectory_msgs/JointTrajectory (a JointTrajectoryController; one point, `time_from_start` one
-tick) or std_msgs/Float64MultiArray (a forward position controller). `joints` names the arm's
-joints as the robot calls them, in our action order. Grippers travel as finger positions (metres),
-converted with the gripper mapping of the robot description.
+tick) or std_msgs/Float64MultiArray (a forward position controller, values in a declared joint
+order): one topic per arm, or one for all joints. `joints` names the joints as the robot calls
+them, in our action order. Grippers travel in their wire unit (finger metres, joint radians or
+normalised), converted with the gripper mapping of the robot description.
 
 Per camera (`ros2.cameras`): a sensor_msgs/Image (rgb8, bgr8, mono8) or CompressedImage (JPEG,
 PNG) topic, read with sensor QoS and decoded to uint8 HWC RGB on arrival.
@@ -40,13 +42,29 @@ IMAGE_TYPES = {"image": Image, "compressed": CompressedImage}
 
 
 @dataclass(frozen=True)
-class ArmTopics:
-    name: str
-    joint_states: str
-    command: str
-    command_type: str          # trajectory | forward
-    joints: tuple[str, ...]    # the robot's joint names, in our action order for this arm
+class JointTopic:
+    """A sensor_msgs/JointState topic read by joint name: one per arm, or one carrying every joint
+    of both arms (ros2_control's joint_state_broadcaster)."""
+
+    topic: str
+    joints: tuple[str, ...]    # the robot's names for the joints it carries, in action order
     indices: tuple[int, ...]   # where they sit in the action vector
+
+
+@dataclass(frozen=True)
+class CommandTopic:
+    """A command topic: trajectory (trajectory_msgs/JointTrajectory, one point naming `joints`) or
+    forward (std_msgs/Float64MultiArray, the values in the order of `joints`). One per arm, or one
+    for all joints (a forward position controller or a JointTrajectoryController over both arms)."""
+
+    topic: str
+    type: str                  # trajectory | forward
+    joints: tuple[str, ...]
+    indices: tuple[int, ...]
+
+    def describe(self) -> str:
+        what = f"{len(self.joints)} values" if self.type == "forward" else f"{len(self.joints)} named joints"
+        return f"{self.topic} ({self.type}, {what})"
 
 
 @dataclass(frozen=True)
@@ -56,10 +74,18 @@ class CameraTopic:
     type: str   # image (sensor_msgs/Image) | compressed (sensor_msgs/CompressedImage)
 
 
+LAYOUT_HELP = ("give `joint_states` and `command` once for all joints (top level of ros2:), or per arm under "
+               "ros2.arms.<arm>; see hardware/aloha.yaml, aloha_shared_forward.yaml and aloha_shared_trajectory.yaml")
+
+
 @dataclass(frozen=True)
 class Ros2Config:
+    """The `ros2:` section of a robot description: where joint states come from and commands go
+    (per arm, or one topic for all joints, in any mix), and the cameras' topics."""
+
     domain_id: int
-    arms: tuple[ArmTopics, ...]
+    states: tuple[JointTopic, ...]
+    commands: tuple[CommandTopic, ...]
     cameras: tuple[CameraTopic, ...] = ()
 
     def camera_topics(self, names: Sequence[str] | None, who: str) -> tuple[CameraTopic, ...]:
@@ -73,31 +99,102 @@ class Ros2Config:
                               f"(it has {sorted(by_name) or 'none'})")
         return tuple(by_name[n] for n in names)
 
+    def describe(self) -> str:
+        """One line: which topics carry what, for a verb's start-up message."""
+        states = ", ".join(f"{t.topic} ({len(t.joints)} joints)" for t in self.states)
+        return f"joint states {states}; commands {', '.join(c.describe() for c in self.commands)}"
+
     @classmethod
     def from_yaml(cls, robot: str | Path, spec: RobotSpec) -> "Ros2Config":
         path, d = read_robot_yaml(robot)
         d = d.get("ros2")
         if not d:
-            raise ConfigError(f"{path}: no `ros2:` section (topics per arm); see hardware/aloha.yaml")
-        arms, used = [], []
-        for name, a in (d.get("arms") or {}).items():
-            where = f"{path}: ros2.arms.{name}"
-            try:
-                kind = a.get("command_type", "trajectory")
-                if kind not in COMMAND_TYPES:
-                    raise ConfigError(f"{where}.command_type={kind!r}; choose one of {sorted(COMMAND_TYPES)}")
-                indices = tuple(i for i, j in enumerate(spec.joint_names) if j.startswith(f"{name}_"))
-                joints = tuple(a.get("joints") or [spec.joint_names[i][len(name) + 1:] for i in indices])
-                if len(joints) != len(indices) or not indices:
-                    raise ConfigError(f"{where}.joints has {len(joints)} names; {spec.name} has {len(indices)} "
-                                      f"joints named {name}_*")
-                arms.append(ArmTopics(name, str(a["joint_states"]), str(a["command"]), kind, joints, indices))
-            except (KeyError, TypeError, AttributeError) as e:
-                raise ConfigError(f"{where}: malformed ({type(e).__name__}: {e})") from None
-            used += indices
-        if sorted(used) != list(range(spec.action_dim)):
-            raise ConfigError(f"{path}: ros2.arms cover action indices {sorted(used)}, not all {spec.action_dim}")
-        return cls(int(d.get("domain_id", 0)), tuple(arms), _cameras_from_yaml(path, d.get("cameras"), spec))
+            raise ConfigError(f"{path}: no `ros2:` section (joint state and command topics); {LAYOUT_HELP}")
+        if not isinstance(d, dict):
+            raise ConfigError(f"{path}: ros2 is a mapping; {LAYOUT_HELP}")
+        states, commands = _layout_from_yaml(path, d, spec)
+        return cls(int(d.get("domain_id", 0)), states, commands, _cameras_from_yaml(path, d.get("cameras"), spec))
+
+
+def _names(value: Any, n: int, where: str, what: str) -> tuple[str, ...]:
+    if not isinstance(value, (list, tuple)) or len(value) != n or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{where}.joints: give {n} joint names ({what}), got {value!r}")
+    if len(set(value)) != n:
+        raise ConfigError(f"{where}.joints names a joint twice: {list(value)}")
+    return tuple(value)
+
+
+def _command_type(value: Any, where: str) -> str:
+    if value not in COMMAND_TYPES:
+        raise ConfigError(f"{where}.command_type={value!r}; choose one of {sorted(COMMAND_TYPES)}")
+    return str(value)
+
+
+def _topic(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not value.strip("/"):
+        raise ConfigError(f"{where}={value!r}; give a ROS topic, e.g. /joint_states")
+    return value
+
+
+def _layout_from_yaml(path: Path, d: dict, spec: RobotSpec) -> tuple[tuple[JointTopic, ...], tuple[CommandTopic, ...]]:
+    """Joint-state and command topics from `ros2:`. A key at the top level (joint_states,
+    command, command_type, joints) covers every joint; under `arms.<arm>` it covers the joints
+    named `<arm>_*`. Each of joint states and commands is given once: for all, or per arm."""
+    n = spec.action_dim
+    where = f"{path}: ros2"
+    known = {"domain_id", "arms", "cameras", "joint_states", "command", "command_type", "joints"}
+    extra = sorted(set(d) - known)
+    if extra:
+        raise ConfigError(f"{where}: unknown key(s) {extra}; known: {sorted(known)}")
+    all_joints = _names(d["joints"], n, where, "the robot's names for every joint, in action order") \
+        if "joints" in d else spec.joint_names
+    everything = tuple(range(n))
+    states: list[JointTopic] = []
+    commands: list[CommandTopic] = []
+    if "joint_states" in d:
+        states.append(JointTopic(_topic(d["joint_states"], f"{where}.joint_states"), all_joints, everything))
+    if "command" in d:
+        commands.append(CommandTopic(_topic(d["command"], f"{where}.command"),
+                                     _command_type(d.get("command_type", "trajectory"), where), all_joints, everything))
+    elif "command_type" in d:
+        raise ConfigError(f"{where}.command_type without ros2.command; put command_type beside the command it describes")
+    arms = d.get("arms") or {}
+    if not isinstance(arms, dict):
+        raise ConfigError(f"{where}.arms is a mapping of arm name to its topics; {LAYOUT_HELP}")
+    for name, a in arms.items():
+        at = f"{where}.arms.{name}"
+        if not isinstance(a, dict):
+            raise ConfigError(f"{at} is a mapping {{joint_states, command, command_type, joints}}, not {a!r}")
+        extra = sorted(set(a) - {"joint_states", "command", "command_type", "joints"})
+        if extra:
+            raise ConfigError(f"{at}: unknown key(s) {extra}; an arm has joint_states, command, command_type, joints")
+        indices = tuple(i for i, j in enumerate(spec.joint_names) if j.startswith(f"{name}_"))
+        if not indices:
+            raise ConfigError(f"{at}: {spec.name} has no joints named {name}_* (its joints: {list(spec.joint_names)})")
+        joints = _names(a["joints"], len(indices), at, f"this arm's joints {name}_* as the robot names them") \
+            if "joints" in a else tuple(spec.joint_names[i][len(name) + 1:] for i in indices)
+        for key, given, per_arm in (("joint_states", "joint_states" in d, "joint_states" in a),
+                                    ("command", "command" in d, "command" in a)):
+            if given and per_arm:
+                raise ConfigError(f"{at}.{key} and ros2.{key} both given; give {key} once: {LAYOUT_HELP}")
+        if "joint_states" in a:
+            states.append(JointTopic(_topic(a["joint_states"], f"{at}.joint_states"), joints, indices))
+        if "command" in a:
+            commands.append(CommandTopic(_topic(a["command"], f"{at}.command"),
+                                         _command_type(a.get("command_type", "trajectory"), at), joints, indices))
+        elif "command_type" in a:
+            raise ConfigError(f"{at}.command_type without {at}.command")
+    for what, topics in (("joint_states", states), ("command", commands)):
+        covered = sorted(i for t in topics for i in t.indices)
+        if covered != list(everything):
+            raise ConfigError(f"{where}: the {what} topics cover action indices {covered}, not each of the "
+                              f"{n} joints once; {LAYOUT_HELP}")
+    for what, topics in (("joint_states", states), ("command", commands)):
+        names = [t.topic for t in topics]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"{where}: {what} topic {names} repeats; give a topic shared by several arms once, "
+                              "at the top level of ros2:")
+    return tuple(states), tuple(commands)
 
 
 def _cameras_from_yaml(path: Path, cameras: Any, spec: RobotSpec) -> tuple[CameraTopic, ...]:
@@ -139,17 +236,22 @@ def resize_rgb(img: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     return frame.reformat(width=w, height=h, interpolation="AREA").to_ndarray()
 
 
-def to_wire(spec: RobotSpec, action: np.ndarray) -> np.ndarray:
-    """Action units -> what the topics carry: grippers as finger positions (m)."""
+def to_wire(spec: RobotSpec, action: np.ndarray, velocity: bool = False) -> np.ndarray:
+    """Action units -> what the topics carry: grippers in their wire unit (the description's).
+    `velocity`: the values are rates (a gripper's scales, without the offset)."""
     out = np.asarray(action, dtype=np.float64).copy()
     for i, g in spec.grippers.items():
-        out[i] = g.to_finger(out[i])
+        out[i] = out[i] * (g.open - g.closed) if velocity else g.to_wire(out[i])
     return out
 
 
-def from_wire(spec: RobotSpec, values: Mapping[int, float]) -> dict[int, float]:
-    """{action index: value on the wire} -> action units."""
-    return {i: float(spec.grippers[i].from_finger(v)) if i in spec.grippers else float(v) for i, v in values.items()}
+def from_wire(spec: RobotSpec, values: Mapping[int, float], velocity: bool = False) -> dict[int, float]:
+    """{action index: value on the wire} -> action units (rates with `velocity`)."""
+    out = {}
+    for i, v in values.items():
+        g = spec.grippers.get(i)
+        out[i] = float(v) if g is None else float(v / (g.open - g.closed) if velocity else g.from_wire(v))
+    return out
 
 
 class Ros2Camera:
@@ -207,7 +309,7 @@ class Ros2Robot:
         self._lock = threading.Lock()
         self._qpos = np.full(self.spec.action_dim, np.nan)
         self._qvel = np.zeros(self.spec.action_dim)
-        self._arrived: dict[str, float | None] = {arm.name: None for arm in self.config.arms}
+        self._arrived: dict[str, float | None] = {t.topic: None for t in self.config.states}
         self._stamp = 0.0
         self._publish: dict[str, Any] = {}
         self.period = 1.0 / self.spec.control_hz
@@ -218,17 +320,17 @@ class Ros2Robot:
             from robo_rl.hardware.ros2.rclpy_transport import make_transport
 
             self.transport = make_transport(self.config.domain_id)
-        for arm in self.config.arms:
-            self.transport.subscribe(arm.joint_states, JointState, lambda msg, arm=arm: self._on_state(arm, msg),
-                                     qos="sensor")
-            self._publish[arm.name] = self.transport.publisher(arm.command, COMMAND_TYPES[arm.command_type])
+        for states in self.config.states:
+            self.transport.subscribe(states.topic, JointState, lambda msg, t=states: self._on_state(t, msg), qos="sensor")
+        for command in self.config.commands:
+            self._publish[command.topic] = self.transport.publisher(command.topic, COMMAND_TYPES[command.type])
         for camera in self.camera_readers.values():
             camera.attach(self.transport)
         deadline = time.monotonic() + timeout_s
         domain = getattr(self.transport, "domain_id", self.config.domain_id)
         while self.last_update is None or self._waiting_for_frames():
             if time.monotonic() > deadline:
-                missing = [a.joint_states for a in self.config.arms if self._arrived[a.name] is None]
+                missing = [t.topic for t in self.config.states if self._arrived[t.topic] is None]
                 if missing:
                     raise ConfigError(f"no joint states on {', '.join(missing)} within {timeout_s:.0f} s "
                                       f"(ROS domain {domain}): is the robot (or `robo-rl sim-bridge`) up?")
@@ -243,7 +345,7 @@ class Ros2Robot:
 
     @property
     def last_update(self) -> float | None:
-        """When the stalest arm's newest joint state arrived (monotonic), None before all have."""
+        """When the stalest joint-state topic's newest message arrived (monotonic), None before all have."""
         with self._lock:
             times = list(self._arrived.values())
         return None if any(t is None for t in times) else min(times)
@@ -284,29 +386,34 @@ class Ros2Robot:
         if a.shape != (self.spec.action_dim,):
             raise ConfigError(f"Ros2Robot.act: action has {a.size} values; {self.spec.name} takes {self.spec.action_dim}")
         wire = to_wire(self.spec, a)
-        for arm in self.config.arms:
-            values = [float(wire[i]) for i in arm.indices]
-            if arm.command_type == "trajectory":
-                msg = JointTrajectory(Header(Time.now()), list(arm.joints),
+        for command in self.config.commands:
+            values = [float(wire[i]) for i in command.indices]
+            if command.type == "trajectory":
+                msg = JointTrajectory(Header(Time.now()), list(command.joints),
                                       [JointTrajectoryPoint(values, time_from_start=Duration.from_seconds(self.period))])
             else:
                 msg = Float64MultiArray(data=values)
-            self._publish[arm.name](msg)
+            self._publish[command.topic](msg)
         return a.astype(np.float32)
+
+    def command_hint(self) -> str:
+        """Where commands go, for a message about a robot that does not follow them."""
+        return ", ".join(c.describe() for c in self.config.commands)
 
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
 
-    def _on_state(self, arm: ArmTopics, msg: JointState) -> None:
+    def _on_state(self, states: JointTopic, msg: JointState) -> None:
         pos = dict(zip(msg.name, msg.position))
         vel = dict(zip(msg.name, msg.velocity))
-        if any(j not in pos for j in arm.joints):
+        if any(j not in pos for j in states.joints):
             return  # a partial message (another controller's joints): not ours
-        q = from_wire(self.spec, {i: pos[j] for i, j in zip(arm.indices, arm.joints)})
+        q = from_wire(self.spec, {i: pos[j] for i, j in zip(states.indices, states.joints)})
+        v = from_wire(self.spec, {i: vel.get(j, 0.0) for i, j in zip(states.indices, states.joints)}, velocity=True)
         with self._lock:
-            for i, j in zip(arm.indices, arm.joints):
+            for i in states.indices:
                 self._qpos[i] = q[i]
-                self._qvel[i] = vel.get(j, 0.0)
-            self._arrived[arm.name] = time.monotonic()
+                self._qvel[i] = v[i]
+            self._arrived[states.topic] = time.monotonic()
             self._stamp = msg.header.stamp.seconds()
