@@ -69,7 +69,8 @@ def run(policy, task: str, method: str, delay_ms: float, seeds: list[int], n_act
     successes, jumps, dropped, latency = 0, [], 0, []
     for seed in seeds:
         twin.reset(seed)
-        base(observation_window([twin.observe()] * cfg.n_obs))  # warm-up, as deploy does (traces the frozen graph)
+        window = observation_window([twin.observe()] * cfg.n_obs)  # warm-up, as deploy does
+        base.warm_up(window) if method == "rtc" else base(window)
         controller = Controller(twin, predict, cfg, safety=SafetyFilter(twin.spec, safety_cfg), watchdog=Watchdog(safety_cfg))
         report = controller.run(env.max_steps / cfg.hz, stop=lambda: twin.success)
         successes += bool(twin.success)

@@ -114,6 +114,8 @@ def run(cfg: DictConfig) -> int:
         robot.connect()
         first = robot.observe()  # warm-up: the first call traces the sampler, which must not happen mid-run
         predict(observation_window([first] * ctl_cfg.n_obs))
+        if cfg.rtc:
+            predict.warm_up(observation_window([first] * ctl_cfg.n_obs))
         estop = EStop()
         listen_estop(robot, cfg.estop_topic, estop)
         keys = watch_estop_key(estop)
