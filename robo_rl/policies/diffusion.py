@@ -82,6 +82,13 @@ class DiffusionPolicy(nn.Module):
         stride = self.config.train_steps / steps
         return [int(round(self.config.train_steps - i * stride)) - 1 for i in range(steps)]
 
+    def split(self, x: torch.Tensor, out: torch.Tensor, abar: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(noise, clean chunk) implied by the network's output `out` at x_k with abar_k, for
+        either prediction target (unclipped)."""
+        if self.config.prediction == "epsilon":
+            return out, (x - (1 - abar).sqrt() * out) / abar.sqrt()
+        return (1 - abar).sqrt() * x + abar.sqrt() * out, abar.sqrt() * x - (1 - abar).sqrt() * out
+
     @torch.no_grad()
     def sample(self, cond: torch.Tensor, steps: int | None = None, noise: torch.Tensor | None = None) -> torch.Tensor:
         n = steps or self.config.inference_steps
@@ -91,11 +98,7 @@ class DiffusionPolicy(nn.Module):
         for i, (k, net_at_k) in enumerate(zip(ts, self.body.step_fns([float(k) for k in ts], cond))):
             abar = self.abar[k]
             abar_prev = self.abar[ts[i + 1]] if i + 1 < len(ts) else torch.ones((), device=cond.device)
-            out = net_at_k(x)
-            if self.config.prediction == "epsilon":
-                eps, x0 = out, (x - (1 - abar).sqrt() * out) / abar.sqrt()
-            else:
-                eps, x0 = (1 - abar).sqrt() * x + abar.sqrt() * out, abar.sqrt() * x - (1 - abar).sqrt() * out
+            eps, x0 = self.split(x, net_at_k(x), abar)
             if self.config.clip_sample:
                 x0 = x0.clamp(-1, 1)
             x = abar_prev.sqrt() * x0 + (1 - abar_prev).sqrt() * eps

@@ -135,16 +135,11 @@ def guided_ddim_sample(policy: Any, cond: torch.Tensor, target: torch.Tensor, we
 
         def guess_of(x_: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             out = policy.body.net(x_, t, cond)
-            if policy.config.prediction == "epsilon":
-                return out, (x_ - (1 - abar).sqrt() * out) / abar.sqrt()
-            return out, abar.sqrt() * x_ - (1 - abar).sqrt() * out
+            return out, policy.split(x_, out, abar)[1]
 
         out, grad, err = _pull(guess_of, x, target, w, clip=policy.config.clip_sample)
         with torch.no_grad():
-            if policy.config.prediction == "epsilon":
-                eps, x0 = out, (x - (1 - abar).sqrt() * out) / abar.sqrt()
-            else:
-                eps, x0 = (1 - abar).sqrt() * x + abar.sqrt() * out, abar.sqrt() * x - (1 - abar).sqrt() * out
+            eps, x0 = policy.split(x, out, abar)
             if policy.config.clip_sample:
                 x0 = x0.clamp(-1, 1)
             # DDIM is Euler in flow coordinates y = x / (s + sigma), tau = s / (s + sigma) (s = sqrt(abar),

@@ -151,13 +151,18 @@ def _layout_from_yaml(path: Path, d: dict, spec: RobotSpec) -> tuple[tuple[Joint
     everything = tuple(range(n))
     states: list[JointTopic] = []
     commands: list[CommandTopic] = []
-    if "joint_states" in d:
-        states.append(JointTopic(_topic(d["joint_states"], f"{where}.joint_states"), all_joints, everything))
-    if "command" in d:
-        commands.append(CommandTopic(_topic(d["command"], f"{where}.command"),
-                                     _command_type(d.get("command_type", "trajectory"), where), all_joints, everything))
-    elif "command_type" in d:
-        raise ConfigError(f"{where}.command_type without ros2.command; put command_type beside the command it describes")
+
+    def add(section: dict, at: str, joints: tuple[str, ...], indices: tuple[int, ...]) -> None:
+        """The joint-state and command topics `section` names, for these joints."""
+        if "joint_states" in section:
+            states.append(JointTopic(_topic(section["joint_states"], f"{at}.joint_states"), joints, indices))
+        if "command" in section:
+            commands.append(CommandTopic(_topic(section["command"], f"{at}.command"),
+                                         _command_type(section.get("command_type", "trajectory"), at), joints, indices))
+        elif "command_type" in section:
+            raise ConfigError(f"{at}.command_type without {at}.command; put command_type beside the command it describes")
+
+    add(d, where, all_joints, everything)
     arms = d.get("arms") or {}
     if not isinstance(arms, dict):
         raise ConfigError(f"{where}.arms is a mapping of arm name to its topics; {LAYOUT_HELP}")
@@ -177,13 +182,7 @@ def _layout_from_yaml(path: Path, d: dict, spec: RobotSpec) -> tuple[tuple[Joint
                                     ("command", "command" in d, "command" in a)):
             if given and per_arm:
                 raise ConfigError(f"{at}.{key} and ros2.{key} both given; give {key} once: {LAYOUT_HELP}")
-        if "joint_states" in a:
-            states.append(JointTopic(_topic(a["joint_states"], f"{at}.joint_states"), joints, indices))
-        if "command" in a:
-            commands.append(CommandTopic(_topic(a["command"], f"{at}.command"),
-                                         _command_type(a.get("command_type", "trajectory"), at), joints, indices))
-        elif "command_type" in a:
-            raise ConfigError(f"{at}.command_type without {at}.command")
+        add(a, at, joints, indices)
     for what, topics in (("joint_states", states), ("command", commands)):
         covered = sorted(i for t in topics for i in t.indices)
         if covered != list(everything):
