@@ -86,3 +86,11 @@ def test_a_camera_policy_over_dds_runs_the_bridges_task_episodes(checkpoints):
         assert any(seed in line for line in r.stdout.splitlines() if "│" in line), r.stdout
     commands = re.search(r"sim-bridge: (\d+) commands received", out)
     assert commands and int(commands.group(1)) >= 60, out  # both arms, about 2 x 40 ticks of commands
+
+
+def test_deploy_with_real_time_chunking(checkpoints):
+    r = _cli("deploy", f"checkpoint={checkpoints['state']}", "robot=sim", "duration=1.5", "rtc=true", "n_action_steps=6")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert re.search(r"largest joint jump at a chunk hand-over\s*│\s*[\d.]+ rad \(rtc\)", r.stdout), r.stdout
+    bad = _cli("deploy", f"checkpoint={checkpoints['state']}", "robot=sim", "n_action_steps=99")
+    assert bad.returncode == 2 and "n_action_steps=99; give 1..16" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
