@@ -265,3 +265,76 @@ def test_leader_arms_need_no_kinematic_model_and_end_effector_devices_do():
     assert command[6] == pytest.approx(0.25) and np.allclose(command[7:], spec.home[7:])  # the right arm holds
     with pytest.raises(ConfigError, match="moves end effectors: it needs the arms' kinematic model"):
         TeleopOperator(None, KeyboardTeleop(), spec=spec)
+
+
+def _arm_urdf(prefix: str, y: float) -> str:
+    """One 6-joint arm (waist z, shoulder y, elbow y, roll x, wrist y, rotate x) on a base at y."""
+    inertial = '<inertial><mass value="0.5"/><inertia ixx="1e-3" iyy="1e-3" izz="1e-3" ixy="0" ixz="0" iyz="0"/></inertial>'
+    links = [f'<link name="{prefix}base">{inertial}</link>']
+    joints = [f'<joint name="{prefix}mount" type="fixed"><parent link="world"/><child link="{prefix}base"/>'
+              f'<origin xyz="0 {y} 0"/></joint>']
+    chain = [("j1", "0 0 1", "0 0 0.1"), ("j2", "0 1 0", "0 0 0.05"), ("j3", "0 1 0", "0.2 0 0"),
+             ("j4", "1 0 0", "0.1 0 0"), ("j5", "0 1 0", "0.1 0 0"), ("j6", "1 0 0", "0.05 0 0")]
+    parent = f"{prefix}base"
+    for name, axis, xyz in chain:
+        links.append(f'<link name="{prefix}{name}_link">{inertial}</link>')
+        joints.append(f'<joint name="{prefix}{name}" type="revolute"><parent link="{parent}"/>'
+                      f'<child link="{prefix}{name}_link"/><origin xyz="{xyz}"/><axis xyz="{axis}"/>'
+                      '<limit lower="-3" upper="3" effort="10" velocity="3"/></joint>')
+        parent = f"{prefix}{name}_link"
+    links.append(f'<link name="{prefix}tool">{inertial}</link>')
+    joints.append(f'<joint name="{prefix}tool_mount" type="fixed"><parent link="{parent}"/><child link="{prefix}tool"/>'
+                  '<origin xyz="0.1 0 0"/></joint>')
+    return "".join(links + joints)
+
+
+def test_end_effector_teleop_uses_the_kinematic_model_the_description_names(tmp_path):
+    """A robot that is not the twin: its description names a URDF (two 6-joint arms, no sites);
+    a keyboard move of the left end effector becomes joint commands that move that URDF's tool
+    link by the move, through IK on that model."""
+    import mujoco
+
+    from robo_rl.hardware.robot import HARDWARE_DIR, RobotSpec
+    from robo_rl.hardware.teleop import TeleopInput
+    from robo_rl.rac.intervention import Phase
+    from robo_rl.sim.kinematics import load_kinematics
+
+    (tmp_path / "arms.urdf").write_text(
+        '<robot name="arms"><mujoco><compiler fusestatic="false"/></mujoco><link name="world"/>'
+        + _arm_urdf("l_", 0.3) + _arm_urdf("r_", -0.3) + "</robot>")
+    arms = "".join(f"    {arm}: {{joints: [{', '.join(f'{p}j{i}' for i in range(1, 7))}], end_effector: {p}tool, base: {p}base}}\n"
+                   for arm, p in (("left", "l_"), ("right", "r_")))
+    description = tmp_path / "my_arms.yaml"
+    description.write_text((HARDWARE_DIR / "aloha.yaml").read_text() + f"kinematics:\n  model: arms.urdf\n  arms:\n{arms}")
+    kin = load_kinematics(description)
+    assert kin is not None and kin.model.nsite == 0 and load_kinematics("aloha") is None
+
+    class Pushes:  # a keyboard-like device: moves of the end effectors
+        name = "pushes"
+        moves: list = []
+
+        def poll(self):
+            return self.moves.pop() if self.moves else TeleopInput()
+
+    spec = RobotSpec.from_yaml(description)
+    start = spec.home.astype(np.float64)
+    device = Pushes()
+    operator = TeleopOperator(kin, device)
+    device.moves = [TeleopInput(delta={"left": np.array([0.02, 0.0, 0.0])})]  # the left tool 2 cm along x
+    operator.signal(Phase.CORRECTION, None)
+    command = operator.command(Phase.CORRECTION, start)
+
+    def tool(q: np.ndarray) -> np.ndarray:
+        data = mujoco.MjData(kin.model)
+        for i, j in enumerate(kin.arms["left"].joints):
+            data.qpos[kin.model.joint(j).qposadr[0]] = q[i]
+        mujoco.mj_kinematics(kin.model, data)
+        return data.body("l_tool").xpos.copy()
+
+    moved = tool(command[:6]) - tool(start[:6])
+    np.testing.assert_allclose(moved, [0.02, 0.0, 0.0], atol=2e-3)
+    np.testing.assert_allclose(command[7:], start[7:], atol=2e-3)  # the right arm holds (IK re-solved in place)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(description.read_text().replace("end_effector: l_tool", "end_effector: l_hand"))
+    with pytest.raises(RoboRLError, match="kinematics.arms.left.end_effector: arms.urdf has no site or body 'l_hand'"):
+        load_kinematics(bad)

@@ -29,14 +29,16 @@ class OpenRobot:
 
     @property
     def kinematics(self) -> Any:
-        """A MuJoCo model of the arms for the devices' end-effector moves (IK): the twin itself, or
-        for real arms the twin's model, never stepped (built on first use; deploy needs none)."""
+        """A MuJoCo model of the arms for the devices' end-effector moves (IK): the twin itself; for
+        real arms the model the description's `kinematics:` names (MJCF or URDF), or else the
+        twin's model, never stepped (built on first use; deploy and leader arms need none)."""
         if self.twin is not None:
             return self.twin
         if getattr(self, "_kinematics", None) is None:
+            from robo_rl.sim.kinematics import load_kinematics
             from robo_rl.sim.robot import SimRobot
 
-            self._kinematics = SimRobot("aloha.xml", robot=self.hardware, cameras=[])
+            self._kinematics = load_kinematics(self.hardware) or SimRobot("aloha.xml", robot=self.hardware, cameras=[])
         return self._kinematics
 
 

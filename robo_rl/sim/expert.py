@@ -87,14 +87,14 @@ def min_jerk(s: float) -> float:
 
 
 def arm_slice(spec, arm: str) -> slice:
-    """An arm's 6 joints in the 14-D action."""
-    i = spec.joint_names.index(f"{arm}_waist")
+    """An arm's 6 joints in the 14-D action: its joints (named <arm>_*) but the gripper."""
+    i = next(i for i, n in enumerate(spec.joint_names) if n.startswith(f"{arm}_") and i not in spec.grippers)
     return slice(i, i + 6)
 
 
 def grip_index(spec, arm: str) -> int:
     """An arm's gripper in the 14-D action."""
-    return spec.joint_names.index(f"{arm}_gripper")
+    return next(i for i in sorted(spec.grippers) if spec.joint_names[i].startswith(f"{arm}_"))
 
 
 def commanded_qpos(robot, ik: dict, command: np.ndarray) -> np.ndarray:

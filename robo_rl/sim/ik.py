@@ -22,17 +22,23 @@ def rotation(x_axis: np.ndarray, y_axis: np.ndarray) -> np.ndarray:
 class ArmIK:
     """IK from a site's target pose to the arm's 6 joint positions."""
 
-    def __init__(self, model: mujoco.MjModel, prefix: str, site: str = "ee", damping: float = 1e-3,
-                 posture: float = 1e-5, roll_posture: float = 1e-2, nominal: np.ndarray | None = None):
+    def __init__(self, model: mujoco.MjModel, prefix: str = "", site: str = "ee", damping: float = 1e-3,
+                 posture: float = 1e-5, roll_posture: float = 1e-2, nominal: np.ndarray | None = None,
+                 joints: list[str] | None = None, end_effector: str | None = None):
+        """The twin's arm `prefix` (its joints <prefix>waist ... and site <prefix>ee), or any model's
+        arm: `joints` (6 names, action order) and `end_effector` (a site, or a body: a URDF has
+        no sites)."""
         self.model = model
         self.scratch = mujoco.MjData(model)
-        names = ["waist", "shoulder", "elbow", "forearm_roll", "wrist_angle", "wrist_rotate"]
-        joints = [model.joint(prefix + n) for n in names]
+        names = joints or [prefix + n for n in ("waist", "shoulder", "elbow", "forearm_roll", "wrist_angle", "wrist_rotate")]
+        joints = [model.joint(n) for n in names]
         self.qadr = np.array([j.qposadr[0] for j in joints])
         self.dadr = np.array([j.dofadr[0] for j in joints])
         self.lower = np.array([j.range[0] for j in joints])
         self.upper = np.array([j.range[1] for j in joints])
-        self.site = model.site(prefix + site).id
+        ee = end_effector or prefix + site
+        self.is_site = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_SITE, ee) >= 0
+        self.site = model.site(ee).id if self.is_site else model.body(ee).id
         self.damping = damping
         # A weak pull toward a nominal posture keeps the solver on one branch (roll joints near 0)
         # instead of wandering to an equivalent pose at a joint limit and jumping back.
@@ -57,11 +63,13 @@ class ArmIK:
             d.qpos[self.qadr] = q
             mujoco.mj_kinematics(self.model, d)
             mujoco.mj_comPos(self.model, d)
-            cur_p = d.site_xpos[self.site]
-            cur_r = d.site_xmat[self.site].reshape(3, 3)
+            cur_p, cur_r = self._frame(d)
             e_p = pos - cur_p
             err_pos = float(np.linalg.norm(e_p))
-            mujoco.mj_jacSite(self.model, d, self._jp, self._jr, self.site)
+            if self.is_site:
+                mujoco.mj_jacSite(self.model, d, self._jp, self._jr, self.site)
+            else:
+                mujoco.mj_jacBody(self.model, d, self._jp, self._jr, self.site)
             jp = self._jp[:, self.dadr]
             if rot is not None:
                 # orientation error as the axis-angle of rot @ cur_r.T (world frame)
@@ -79,8 +87,15 @@ class ArmIK:
                 break
         return q, err_pos
 
+    def _frame(self, d: mujoco.MjData) -> tuple[np.ndarray, np.ndarray]:
+        if self.is_site:
+            return d.site_xpos[self.site], d.site_xmat[self.site].reshape(3, 3)
+        return d.xpos[self.site], d.xmat[self.site].reshape(3, 3)
+
     def site_pose(self, qpos_full: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The end effector's (position, rotation) with the scene at `qpos_full`."""
         d = self.scratch
         d.qpos[:] = qpos_full
         mujoco.mj_kinematics(self.model, d)
-        return d.site_xpos[self.site].copy(), d.site_xmat[self.site].reshape(3, 3).copy()
+        pos, rot = self._frame(d)
+        return pos.copy(), rot.copy()

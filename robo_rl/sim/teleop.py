@@ -49,11 +49,18 @@ class TeleopOperator:
         self.min_height_m = min_height_m  # ... and above the table
         # HG-DAgger's human corrects at once: "recovery done" follows the takeover by itself, so a
         # baseline run never trains on recovery steps whatever keys are pressed (self.recover)
-        self.ik = {arm: ArmIK(self.robot.model, f"{arm}_") for arm in ARMS}
+        frames = getattr(self.robot, "arms", None)  # a description's own model (robo_rl/sim/kinematics.py)
+        if frames is None:  # the twin: its own names
+            self.ik = {arm: ArmIK(self.robot.model, f"{arm}_") for arm in ARMS}
+            bases = {arm: f"{arm}_base" for arm in ARMS}
+        else:
+            self.ik = {arm: ArmIK(self.robot.model, joints=list(f.joints), end_effector=f.end_effector)
+                       for arm, f in frames.items()}
+            bases = {arm: f.base for arm, f in frames.items()}
         spec = self.robot.spec
         self._arm_slice = {arm: arm_slice(spec, arm) for arm in ARMS}
         self._grip_index = {arm: grip_index(spec, arm) for arm in ARMS}
-        self._base = {arm: self.robot.data.body(f"{arm}_base").xpos.copy() for arm in ARMS}
+        self._base = {arm: self.robot.data.body(bases[arm]).xpos.copy() for arm in ARMS}
         self.reset()
 
     def reset(self) -> None:
