@@ -1,0 +1,72 @@
+"""The dependency arrows of the README's Layout section ("dependencies point down"), checked on
+every import in the package, module level and inside functions alike: a module that imports
+against them fails here, naming the file, the line and the arrow."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from robo_rl.cli.main import VERBS
+
+PACKAGE = Path(__file__).parents[1] / "robo_rl"
+
+# room -> what it must not import (robo_rl.<room>, or a top-level package such as mujoco)
+FORBIDDEN = {
+    "data": {"robo_rl.policies", "robo_rl.rl", "robo_rl.learn", "robo_rl.rac", "robo_rl.runtime", "robo_rl.hardware",
+             "robo_rl.sim", "robo_rl.cli", "mujoco"},          # episodes on disk: no models, no robots
+    "policies": {"robo_rl.hardware", "robo_rl.sim", "robo_rl.cli", "robo_rl.runtime", "mujoco"},
+    "rl": {"robo_rl.hardware", "robo_rl.sim", "robo_rl.cli", "robo_rl.runtime", "mujoco"},
+    "learn": {"robo_rl.hardware", "robo_rl.sim", "robo_rl.cli", "robo_rl.runtime", "mujoco"},
+    "hardware": {"robo_rl.sim", "robo_rl.cli", "robo_rl.policies", "robo_rl.rl", "robo_rl.learn", "mujoco"},
+    "runtime": {"robo_rl.sim", "robo_rl.cli", "mujoco"},    # runs next to a real robot: no twin
+    "rac": {"robo_rl.cli", "robo_rl.hardware", "mujoco"},
+    "sim": {"robo_rl.cli"},                                 # only cli wires everything together
+}
+
+
+def imports(path: Path) -> list[tuple[str, int]]:
+    """Every absolute import in the file: (module, line)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.append((node.module, node.lineno))
+    return out
+
+
+def _under(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_rooms_import_along_the_arrows_only():
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        room = path.relative_to(PACKAGE).parts[0]
+        for module, line in imports(path):
+            for banned in FORBIDDEN.get(room, ()):
+                if _under(module, banned):
+                    wrong.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {module} ({room} -> {banned})")
+    assert wrong == [], "\n".join(wrong)
+
+
+def test_no_cli_verb_imports_another_verb():
+    """Verbs share parts through cli/app.py, cli/session.py and cli/tables.py, never each other."""
+    verbs = {module for module, _ in VERBS.values()}
+    wrong = []
+    for module in sorted(verbs):
+        path = PACKAGE.parent / (module.replace(".", "/") + ".py")
+        for imported, line in imports(path):
+            if imported != module and any(_under(imported, v) for v in verbs):
+                wrong.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports the verb {imported}")
+    assert wrong == [], "\n".join(wrong)
+
+
+def test_the_check_sees_lazy_imports_and_the_verbs_exist():
+    """The checks above cannot pass vacuously: function-level imports are found, and every verb
+    of `robo-rl --help` is a file they read."""
+    found = dict(imports(PACKAGE / "cli" / "deploy.py"))
+    assert "robo_rl.policies.rtc" in found  # imported inside run(), only when rtc=true
+    assert all((PACKAGE.parent / (m.replace(".", "/") + ".py")).is_file() for m, _ in VERBS.values())
+    assert len(VERBS) >= 15
