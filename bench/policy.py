@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import make_console, table  # noqa: E402
+from common import cpu_flags, make_console, table  # noqa: E402
 
 from robo_rl.policies import ObsShapes, make_policy  # noqa: E402
 from robo_rl.policies.common import FrozenPredictor  # noqa: E402
@@ -98,16 +98,6 @@ def latency(policy, shapes: ObsShapes, reps: int, frozen: bool = False) -> tuple
                 times.append(time.perf_counter() - t)
     ms = np.asarray(times) * 1e3
     return float(np.percentile(ms, 50)), float(np.percentile(ms, 99)), sum(p.numel() for p in policy.parameters())
-
-
-def cpu_flags() -> set[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
 
 
 def train_rate(policy, shapes: ObsShapes, batch: int, device: str, seconds: float, bf16: bool = False,

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import make_console, table  # noqa: E402
+from common import cpu_flags, make_console, table  # noqa: E402
 
 from robo_rl.hardware.safety import SafetyConfig, SafetyFilter, Watchdog  # noqa: E402
 from robo_rl.policies import load_policy, read_checkpoint  # noqa: E402
@@ -39,6 +39,7 @@ from robo_rl.policies.common import predictor  # noqa: E402
 from robo_rl.policies.rtc import RtcPredictor  # noqa: E402
 from robo_rl.runtime.controller import Controller, ControllerConfig, observation_window  # noqa: E402
 from robo_rl.sim.envs import BimanualEnv, TaskTwin  # noqa: E402
+from robo_rl.sim.rollout import wilson_interval  # noqa: E402
 
 
 def delayed(predict, delay_s: float):
@@ -47,15 +48,6 @@ def delayed(predict, delay_s: float):
         time.sleep(delay_s)
         return predict(window, **extra)
     return call
-
-
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    if n == 0:
-        return 0.0, 1.0
-    p = k / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def run(policy, task: str, method: str, delay_ms: float, seeds: list[int], n_action_steps: int) -> dict:
@@ -98,7 +90,7 @@ def main() -> None:
     seeds = list(range(args.seed, args.seed + args.episodes))
     console = make_console()
     cpu = platform.processor() or platform.machine()
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    flags = cpu_flags()
     t = table(f"real-time chunking vs receding + blend: {task}, {policy.name} (horizon {policy.config.horizon}, "
               f"{n_action_steps} actions per chunk), {len(seeds)} seeds from {args.seed}, 50 Hz in real time; "
               f"{os.cpu_count()} cores {cpu}, {'AVX512-BF16' if 'avx512_bf16' in flags else 'no AVX512-BF16'}",
@@ -108,7 +100,7 @@ def main() -> None:
         for method in ("receding + blend", "rtc"):
             t0 = time.perf_counter()
             r = run(policy, task, "rtc" if method == "rtc" else "receding", delay, seeds, n_action_steps)
-            lo, hi = wilson(r["successes"], r["episodes"])
+            lo, hi = wilson_interval(r["successes"], r["episodes"])
             j, lat = r["jumps"], r["latency"]
             t.add_row(f"{delay:g} ms", method, f"{r['successes']}/{r['episodes']} [{lo:.0%}, {hi:.0%}]",
                       f"{j.max(initial=0):.3f}", f"{np.percentile(j, 99) if j.size else 0:.3f}", str(r["dropped"]),

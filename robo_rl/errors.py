@@ -4,6 +4,12 @@ The CLI prints these as one line and exits non-zero; anything else is a bug and 
 """
 
 
+# What to do when this machine cannot render offscreen (robo_rl/cli/main.py picks a backend before
+# mujoco is imported; robo_rl/sim/robot.py's new_renderer reports a renderer that cannot start).
+INSTALL_GL = ("install EGL (apt install libegl1 libgl1-mesa-dri) or OSMesa (apt install libosmesa6), "
+              "or run on a desktop with a display")
+
+
 class RoboRLError(Exception):
     """Base class for every user-facing error in robo_rl."""
 

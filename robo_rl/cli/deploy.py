@@ -113,9 +113,10 @@ def run(cfg: DictConfig) -> int:
         live = open_live_view(cfg, "deploy", robot.spec.joint_names)
         robot.connect()
         first = robot.observe()  # warm-up: the first call traces the sampler, which must not happen mid-run
-        predict(observation_window([first] * ctl_cfg.n_obs))
-        if cfg.rtc:
+        if cfg.rtc:  # a plain and a guided chunk
             predict.warm_up(observation_window([first] * ctl_cfg.n_obs))
+        else:
+            predict(observation_window([first] * ctl_cfg.n_obs))
         estop = EStop()
         listen_estop(robot, cfg.estop_topic, estop)
         keys = watch_estop_key(estop)

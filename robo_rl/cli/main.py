@@ -7,6 +7,7 @@ import os
 import sys
 
 from robo_rl import __version__
+from robo_rl.errors import INSTALL_GL
 
 # verb -> (module, one-line summary). A verb appears here once it works end to end.
 VERBS: dict[str, tuple[str, str]] = {
@@ -47,8 +48,6 @@ def usage() -> str:
 # Offscreen rendering backends, in the order tried, with the library each needs and the Debian /
 # Ubuntu package that has it.
 GL_BACKENDS = {"egl": ("EGL", "libegl1"), "osmesa": ("OSMesa", "libosmesa6")}
-INSTALL_GL = ("install EGL (apt install libegl1 libgl1-mesa-dri) or OSMesa (apt install libosmesa6), "
-              "or run on a desktop with a display")
 
 
 def choose_rendering(env: dict) -> str | None:

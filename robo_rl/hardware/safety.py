@@ -144,18 +144,16 @@ class TrackingMonitor:
         self.arm = np.ones(spec.action_dim, bool)
         self.arm[list(spec.grippers)] = False
         self.since: float | None = None   # when the error first went over the tolerance (this run)
-        self.worst = np.zeros(spec.action_dim)
         self.stops = 0
 
     def check(self, qpos: np.ndarray, commanded: np.ndarray, now: float) -> str | None:
         err = np.abs(np.asarray(qpos, np.float64) - np.asarray(commanded, np.float64))
         err[~self.arm | ~np.isfinite(err)] = 0.0
         if not (err > self.config.tracking_tolerance).any():
-            self.since, self.worst[:] = None, 0.0
+            self.since = None
             return None
         if self.since is None:
             self.since = now
-        self.worst = np.maximum(self.worst, err)
         if now - self.since < self.config.tracking_timeout_s:
             return None
         self.stops += 1

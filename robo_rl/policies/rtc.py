@@ -44,12 +44,10 @@ from robo_rl.errors import ConfigError
 @dataclass
 class RtcConfig:
     max_guidance: float = 5.0   # beta: upper bound on the guidance scale (the paper's default)
-    latency_window: int = 5     # the delay estimate is the slowest of the last this many chunks
 
     def validate(self) -> None:
-        if self.max_guidance <= 0 or self.latency_window < 1:
-            raise ConfigError(f"rtc: max_guidance={self.max_guidance} must be > 0 and latency_window="
-                              f"{self.latency_window} >= 1")
+        if self.max_guidance <= 0:
+            raise ConfigError(f"rtc: max_guidance={self.max_guidance} must be > 0")
 
 
 def prefix_weights(horizon: int, delay: int, overlap: int) -> np.ndarray:

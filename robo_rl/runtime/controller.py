@@ -152,6 +152,17 @@ class InferenceWorker:
         with self._cv:
             return list(self._latencies)
 
+    @property
+    def idle(self) -> bool:
+        """Would a request be accepted now (nothing computing or queued)?"""
+        with self._cv:
+            return not self._busy and self._request is None
+
+    def slowest_recent(self, n: int) -> float:
+        """The longest of the last `n` inference latencies, ms (0 before the first)."""
+        with self._cv:
+            return max(self._latencies[-n:], default=0.0)
+
     def _run(self) -> None:
         while True:
             with self._cv:
@@ -243,11 +254,11 @@ class PolicyChunks:
             self.current = chunk
         current = self.current
         index = None if current is None else int(round((deadline - current.start) / period))
-        if len(history) == cfg.n_obs and (current is None or len(current.actions) - index <= cfg.n_action_steps):
+        due = current is None or len(current.actions) - index <= cfg.n_action_steps
+        if len(history) == cfg.n_obs and due and self.worker.idle:  # no window built while one is computing
             extra = {}
             if cfg.rtc and current is not None:  # the old plan from this tick on, and how late the new one will be
-                recent = self.worker.latencies()[-cfg.rtc_latency_window:]
-                delay = int(math.ceil(max(recent, default=0.0) / 1e3 / period))
+                delay = int(math.ceil(self.worker.slowest_recent(cfg.rtc_latency_window) / 1e3 / period))
                 extra = {"previous": current.actions[max(index, 0):][None], "delay": delay}
             self.worker.request(deadline, self.make_window(history), **extra)
         if current is None or not 0 <= index < len(current.actions):
@@ -276,7 +287,8 @@ class Controller:
     function becomes PolicyChunks), through `safety` (a SafetyFilter) and `watchdog` if given;
     `estop` (an EStop) ends the run at the next tick. With `safety`, a TrackingMonitor on the
     same limits stops the run when the robot does not follow (its message names the joints, and
-    the robot's `command_hint()` where it has one: the topics the commands went to)."""
+    the robot's own advice where it has one, `not_following_hint()`: e.g. the topics the commands
+    went to)."""
 
     def __init__(self, robot: Any, source: Any, config: ControllerConfig,
                  safety: Any = None, watchdog: Any = None, estop: Any = None,
@@ -329,12 +341,9 @@ class Controller:
                 history.append(obs)
                 lost = None if self.tracking is None else self.tracking.check(obs.qpos, command, start)
                 if lost is not None:
-                    hint = getattr(self.robot, "command_hint", None)
+                    hint = getattr(self.robot, "not_following_hint", None)
                     report.tracking_stops += 1
-                    report.stopped_reason = lost + (
-                        ". Likely: its controller is not active (`ros2 control list_controllers`), the commands go "
-                        f"where no controller listens ({hint()}), or the joint order or message size is not the "
-                        "controller's (it refuses them)" if hint is not None else "")
+                    report.stopped_reason = lost + (f". {hint()}" if hint is not None else "")
                     break
                 if self.watchdog is not None:
                     # A robot fed by messages says when its newest joint state arrived (`last_update`,

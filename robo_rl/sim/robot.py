@@ -3,6 +3,7 @@ runs here unchanged. Physics at 500 Hz (sim/aloha.xml), commands at the spec's r
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Sequence
@@ -10,7 +11,7 @@ from typing import Sequence
 import mujoco
 import numpy as np
 
-from robo_rl.errors import ConfigError, RoboRLError
+from robo_rl.errors import INSTALL_GL, ConfigError, RoboRLError
 from robo_rl.hardware.robot import Observation, RobotSpec
 
 SIM_DIR = Path(__file__).resolve().parents[2] / "sim"
@@ -19,14 +20,11 @@ SIM_DIR = Path(__file__).resolve().parents[2] / "sim"
 def new_renderer(model: mujoco.MjModel, height: int, width: int) -> mujoco.Renderer:
     """mujoco.Renderer, or a one-line error saying what to install when this machine cannot
     render (no display and no EGL or OSMesa: `robo-rl` then sets MUJOCO_GL=disable)."""
-    import os
-
     try:
         return mujoco.Renderer(model, height, width)
     except Exception as e:  # noqa: BLE001 - GL set-up fails in many ways (missing library, no device, no display)
         raise RoboRLError(f"cannot render offscreen with MUJOCO_GL={os.environ.get('MUJOCO_GL', '(unset)')} "
-                          f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}): install EGL (apt install "
-                          "libegl1 libgl1-mesa-dri) or OSMesa (apt install libosmesa6), or run with a display") from None
+                          f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}): {INSTALL_GL}") from None
 
 
 class SimRobot:

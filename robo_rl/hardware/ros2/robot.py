@@ -395,9 +395,11 @@ class Ros2Robot:
             self._publish[command.topic](msg)
         return a.astype(np.float32)
 
-    def command_hint(self) -> str:
-        """Where commands go, for a message about a robot that does not follow them."""
-        return ", ".join(c.describe() for c in self.config.commands)
+    def not_following_hint(self) -> str:
+        """What to check when the arms do not follow the commands (the Controller's tracking stop)."""
+        return ("Likely: its controller is not active (`ros2 control list_controllers`), the commands go where no "
+                f"controller listens ({', '.join(c.describe() for c in self.config.commands)}), or the joint order or "
+                "message size is not the controller's (it refuses them)")
 
     def close(self) -> None:
         if self.transport is not None:
