@@ -165,7 +165,7 @@ class RtcPredictor:
 
     def warm_up(self, obs_window: Mapping[str, Any]) -> None:
         """One plain and one guided chunk, so neither path's first call (autograd's set-up) lands
-        mid-run: the first guided chunk took 0.4 s against 0.03 after it (a 2-core Xeon)."""
+        mid-run: the first guided chunk took 0.4 s against 0.03 after it (a 2-core Xeon with AVX512-BF16)."""
         chunk = self(obs_window)
         self(obs_window, chunk[:, : self.policy.config.n_action_steps], delay=1)
 
