@@ -12,10 +12,12 @@ import pytest
 from conftest import robo_rl_cli
 
 from robo_rl.errors import RoboRLError
+from robo_rl.learn.online import online_finetune
 from robo_rl.rl import utd
-from robo_rl.rl.utd import (BatchModelLaw, DataLaw, HeldoutTD, PowerLaw, SweepResult, compute_optimal_frontier,
-                            data_to_threshold, fit_batch_law, fit_batch_size_law_with_model, fit_data_law, fit_lr_law,
-                            fit_power_law, load_sweep, online_finetune, recommend, split_heldout)
+from robo_rl.rl.td_monitor import HeldoutTD, split_heldout
+from robo_rl.rl.utd import (BatchModelLaw, DataLaw, PowerLaw, SweepResult, compute_optimal_frontier, data_to_threshold,
+                            fit_batch_law, fit_batch_size_law_with_model, fit_data_law, fit_lr_law, fit_power_law,
+                            load_sweep, recommend)
 
 SIGMAS = [0.5, 1.0, 2.0, 4.0, 8.0, 16.0]
 MODELS = [1e5, 3e5, 1e6, 3e6, 1e7]

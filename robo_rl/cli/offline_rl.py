@@ -76,7 +76,7 @@ def make_agent(cfg: DictConfig, obs_dim: int, act_dim: int, goal_dim: int, rewar
 
 def split_trajectories(terminals: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Rows of whole trajectories: (train rows, held-out rows)."""
-    from robo_rl.rl.utd import split_heldout
+    from robo_rl.rl.td_monitor import split_heldout
 
     term = np.asarray(terminals, bool)
     # OGBench's compact layout marks a trajectory's last two rows terminal: one trajectory, not two
@@ -140,7 +140,7 @@ def store_source(cfg: DictConfig, path: Path, device) -> dict:
     and online fine-tuning in the twin (FlatTwinEnv)."""
     from robo_rl.data.store import EpisodeStore
     from robo_rl.rl.replay import DeviceReplay, transitions_from_store
-    from robo_rl.rl.utd import split_heldout
+    from robo_rl.rl.td_monitor import split_heldout
     from robo_rl.sim.rl_env import FlatTwinEnv, evaluate_flat
     from robo_rl.sim.tasks import TASKS, make_task
 
@@ -309,7 +309,7 @@ def online_phase(cfg: DictConfig, agent, env, replay, evaluate, run_dir: Path) -
     """Fine-tune online in the env at UTD sigma, appending to the same device replay."""
     import torch
 
-    from robo_rl.rl.utd import online_finetune
+    from robo_rl.learn.online import online_finetune
 
     class Acting:
         def act(self, obs):

@@ -2,7 +2,7 @@
 
 Agents (robo_rl/rl: floq, fql, sharsa) own their losses, optimiser and target networks; this
 loop owns time: progress bar, metrics.jsonl + TensorBoard, periodic evaluation, held-out TD error
-(TD-overfitting, utd.py), atomic checkpoints with RNG state (resume continues the same stream),
+(TD-overfitting, rl/td_monitor.py), atomic checkpoints with RNG state (resume continues the same stream),
 SIGTERM / Ctrl-C / max_minutes stop with a checkpoint, and `results.json` at the end (the format
 `robo-rl utd-fit` reads).
 """
@@ -57,7 +57,7 @@ class OfflineLoop:
         self.step = 0
         self.evals: list[dict] = []
         self.td_history: list[dict] = []
-        from robo_rl.rl.utd import HeldoutTD
+        from robo_rl.rl.td_monitor import HeldoutTD
 
         self.overfit = HeldoutTD()  # flags held-out TD error rising while the training one falls
         self.overfit_warned = False
