@@ -166,14 +166,6 @@ def run_rounds(cfg: DictConfig, ckpt: dict[str, Any], task: str, demos: str, n_d
     return 0
 
 
-DEVICE_HELP = {
-    "gamepad": "gamepad: A take over, B recovery done, X correction done, Y arm, sticks move, LB/RB grippers",
-    "spacemouse": "SpaceMouse: both buttons take over, hold left recovery done, hold right correction done, "
-                  "left click gripper, right click arm, push the cap to move",
-}
-DEVICE_HELP["pygame"] = DEVICE_HELP["gamepad"]
-
-
 class HumanSession:
     """A human on a keyboard (this terminal) or a gamepad steering the intervention rollouts in
     the twin: one env, real time, the MuJoCo viewer when there is a display."""
@@ -201,8 +193,7 @@ class HumanSession:
 
         keyboard = self.device if isinstance(self.device, KeyboardTeleop) else None
         print(f"\n{LABELS[method]} round {round_}: the policy drives; take over when it is about to fail.\n"
-              + ("keys: t take over, r recovery done, c correction done, 1/2/b arm, w/s a/d q/e move, g gripper"
-                 if keyboard else DEVICE_HELP.get(self.device.name, "")))
+              + getattr(self.device, "keys_help", ""))  # each device's keys (robo_rl/hardware/teleop)
 
         def make_operator(env):
             self.view = HumanView(env, keyboard)

@@ -9,7 +9,7 @@
     close()
 
 `Camera` (a camera read on its own, e.g. Ros2Camera) and the teleop devices' `TeleopDevice`
-(robo_rl/hardware/teleop.py) are the other two protocols of the hardware layer.
+(robo_rl/hardware/teleop/) are the other two protocols of the hardware layer.
 """
 
 from __future__ import annotations
