@@ -39,13 +39,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 from common import make_console, table  # noqa: E402
 
-import robo_rl.sim.envs  # noqa: F401  (registers the robo_rl/* ids)
+import robo_rl.sim.envs  # noqa: E402  (registers the robo_rl/* ids)
+from robo_rl.sim.tasks import TASKS  # noqa: E402
 
-TASK_IDS = {
-    "TransferCube": "robo_rl/TransferCube-v0",
-    "Insertion": "robo_rl/Insertion-v0",
-    "PackCube": "robo_rl/PackCube-v0",
-}
+TASK_IDS = {TASKS[task].__name__: env_id for task, env_id in robo_rl.sim.envs.TASK_IDS.items()}  # class name -> gym id
 ENV_ID = TASK_IDS["TransferCube"]
 ALL_CAMS = ("top", "left_wrist", "right_wrist")
 STATE_RATIO_TARGET = 0.8
