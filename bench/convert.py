@@ -115,10 +115,10 @@ def store_write_rate(tmp: Path, episodes: list[dict[str, np.ndarray]], schema: S
 # ====================================================================== 1. export
 def bare_encode(frames: list[np.ndarray], path: Path, codec: str, fps: int) -> int:
     """Every frame through one PyAV encoder with the export's settings; returns the mp4's bytes."""
-    from robo_rl.data.lerobot_export import _encode_episode  # the export's own encoder settings, all frames at once
+    from robo_rl.data.codecs import encode_mp4  # the export's own encoder settings, all frames at once
 
     h, w = frames[0].shape[1:3]
-    path.write_bytes(_encode_episode(iter(frames), fps, codec, CRF, h, w))
+    path.write_bytes(encode_mp4(iter(frames), fps, codec, CRF, h, w))
     return path.stat().st_size
 
 
@@ -185,7 +185,7 @@ def rerun_by_hand(store_path: Path, rrd: Path, images: str | None) -> int:
     """A user's loop: one set_time + log per key per step. images: None, "raw" or "jpeg" (q90, cv2)."""
     import rerun as rr
 
-    from robo_rl.data.viewer import encode_jpeg
+    from robo_rl.data.codecs import encode_jpeg
 
     with EpisodeStore.open(store_path) as store:
         schema = store.schema

@@ -20,7 +20,8 @@ import pytest
 from lerobot_files import CAMERAS, NUMERIC, TASKS, LeRobotFiles, write_dataset, write_mp4
 from PIL import Image
 
-from robo_rl.data.lerobot import VideoReader, decode_image, feature_to_key, import_lerobot, key_to_feature
+from robo_rl.data.codecs import VideoReader, decode_image
+from robo_rl.data.lerobot import feature_to_key, import_lerobot, key_to_feature
 from robo_rl.data.schema import EpisodeMeta, Schema, Segment
 from robo_rl.data.store import EpisodeStore
 from robo_rl.errors import ConfigError

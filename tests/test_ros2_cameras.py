@@ -17,7 +17,7 @@ from cyclonedds.idl import IdlStruct
 from omegaconf import OmegaConf
 from sim_bridge_proc import start_bridge, stop_bridge
 
-from robo_rl.data.rosbag import rgb_from_compressed, rgb_from_raw
+from robo_rl.data.codecs import rgb_from_compressed, rgb_from_raw
 from robo_rl.errors import ConfigError
 from robo_rl.hardware.robot import HARDWARE_DIR
 from robo_rl.hardware.ros2.dds import DdsTransport

@@ -66,7 +66,7 @@ def write_bag(path: Path, plugin: StoragePlugin, seconds: float = 2.0, split_at:
             stamps = {RAW_CAM[0]: [], JPEG_CAM[0]: []}
             events += [(RAW_CAM[1] + i / RAW_CAM[2], "raw", i) for i in range(int(seconds * RAW_CAM[2]))]
             events += [(JPEG_CAM[1] + i / JPEG_CAM[2], "jpeg", i) for i in range(int(seconds * JPEG_CAM[2]))]
-            from robo_rl.sim.bridge import JpegEncoder
+            from robo_rl.data.codecs import JpegEncoder
 
             jpeg = JpegEncoder(*FRAME_HW)
         for t, kind, i in sorted(events):

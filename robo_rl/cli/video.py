@@ -22,7 +22,7 @@ from robo_rl.cli.session import episode_index, open_store
 from robo_rl.cli.tables import human_bytes, print_table
 from robo_rl.data.schema import IMAGE_PREFIX, SEGMENT_KEY, TIMESTAMP_KEY, Segment
 from robo_rl.data.store import EpisodeStore
-from robo_rl.data.video import Mp4Writer, probe
+from robo_rl.data.codecs import Mp4Writer, probe
 from robo_rl.errors import ConfigError
 from robo_rl.sim.replay import check_fits, load_episode, make_env, rendered_frames
 

@@ -37,10 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-import cv2
 import h5py
 import numpy as np
 
+from robo_rl.data.codecs import decode_jpeg
 from robo_rl.data.outputs import check_destination, new_store
 from robo_rl.data.schema import IMAGE_PREFIX, EpisodeMeta, Schema, Segment
 from robo_rl.data.store import EpisodeStore
@@ -197,16 +197,6 @@ def _camera(h5: Any, where: str, cam: str, steps: int) -> CameraLayout:
         raise ConfigError(f"{where}: {COMPRESS_LEN} has shape {lengths.shape}; expected (cameras, {steps})")
     first = decode_jpeg(read_dataset(d, where, dataset, 0), where, dataset, 0)
     return CameraLayout(dataset, True, first.shape)
-
-
-def decode_jpeg(row: np.ndarray, where: str, dataset: str, step: int) -> np.ndarray:
-    """One zero-padded JPEG row as HWC in its recorded channel order. The padding is not cut off
-    with /compress_len: its rows follow the recorder's camera list, which the file does not keep,
-    and the decoder stops at the JPEG's end marker anyway (act-plus-plus reads it the same way)."""
-    frame = cv2.imdecode(np.ascontiguousarray(row, dtype=np.uint8), cv2.IMREAD_COLOR)
-    if frame is None:
-        raise ConfigError(f"{where}: {dataset} frame {step}: JPEG does not decode")
-    return frame
 
 
 def import_hdf5(paths: Sequence[str | Path], out: str | Path, *, fps: float = 50.0, task: str = "",

@@ -58,13 +58,14 @@ import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from robo_rl.data.codecs import VideoReader, decode_image
 from robo_rl.data.outputs import check_destination, new_store
 from robo_rl.data.schema import IMAGE_PREFIX, EpisodeMeta, KeySpec, Schema, Segment
 from robo_rl.data.store import EpisodeStore
@@ -81,7 +82,6 @@ EPISODE_META_FIELD = "robo_rl/episode_meta"  # our exporter: EpisodeMeta JSON pe
 CAMERA_DTYPES = ("video", "image")
 CAMERA_FEATURE_PREFIX = "observation.images."
 BLOCK_STEPS = 64  # steps handed to the store at once: frames reach disk a shard at a time
-SEEK_AHEAD_S = 2.0  # a video time further ahead than this is sought, not decoded up to
 
 
 # ---------------------------------------------------------------------- feature names <-> store keys
@@ -651,99 +651,6 @@ def _check_dtype(actual: np.dtype, declared: str, path: Path, name: str, info_pa
     if actual != np.dtype(declared) and not np.can_cast(actual, declared, "safe"):
         raise ConfigError(f"{path}: column '{name}' holds {actual.name}; {info_path}: features.{name}.dtype says "
                           f"{np.dtype(declared).name}")
-
-
-def decode_image(cell: Any, shape: tuple[int, ...], where: str) -> np.ndarray:
-    """An `image` feature's cell ({bytes, path} with PNG or JPEG bytes) as uint8 (H, W, C), C the
-    declared 3 (RGB; gray and alpha images are converted) or 1 (gray)."""
-    import cv2
-
-    data = cell.get("bytes") if isinstance(cell, dict) else cell
-    if not data:
-        raise ConfigError(f"{where}: no image bytes in the cell (path {cell.get('path') if isinstance(cell, dict) else None!r}); "
-                          "LeRobot embeds the PNG in the parquet")
-    try:
-        img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
-    except (cv2.error, TypeError, ValueError) as e:
-        raise ConfigError(f"{where}: does not decode as an image ({e})") from None
-    if img is None:
-        raise ConfigError(f"{where}: does not decode as an image (not a PNG or JPEG OpenCV reads)")
-    if img.dtype != np.uint8:  # a 16-bit PNG: its high byte
-        img = (img >> 8).astype(np.uint8) if img.dtype == np.uint16 else img.astype(np.uint8)
-    if img.ndim == 2:
-        img = img[..., None]
-    channels = img.shape[2]
-    if shape[2] == 3:
-        conversion = {1: cv2.COLOR_GRAY2RGB, 3: cv2.COLOR_BGR2RGB, 4: cv2.COLOR_BGRA2RGB}.get(channels)
-    else:
-        conversion = {1: None, 3: cv2.COLOR_BGR2GRAY, 4: cv2.COLOR_BGRA2GRAY}.get(channels, -1)
-    if conversion == -1 or (conversion is None and channels != shape[2]):
-        raise ConfigError(f"{where}: image has {channels} channels; expected {shape[2]}")
-    rgb = img if conversion is None else cv2.cvtColor(img, conversion)
-    rgb = rgb.reshape(*rgb.shape[:2], shape[2])
-    if rgb.shape != shape:
-        raise ConfigError(f"{where}: image is {rgb.shape[1]}x{rgb.shape[0]}; info.json declares "
-                          f"{shape[1]}x{shape[0]}")
-    return rgb
-
-
-# ---------------------------------------------------------------------- video
-class VideoReader:
-    """Frames of one mp4 by presentation time, decoded with PyAV (AV1 through libdav1d, H.264, ...).
-    Reading goes forward through the file; a time behind the decoder, or far ahead of it, seeks to
-    the keyframe before it first."""
-
-    def __init__(self, path: Path, feature: str, fps: float, shape: tuple[int, ...] | None = None):
-        import av
-
-        self.path, self.feature, self.shape = path, feature, shape
-        self.half_frame = 0.5 / fps  # a frame matches a time when its pts is within half a period
-        try:
-            self._container = av.open(str(path))
-        except (av.FFmpegError, OSError) as e:
-            raise ConfigError(f"{path}: {feature}: cannot open as a video ({e})") from None
-        if not self._container.streams.video:
-            self._container.close()
-            raise ConfigError(f"{path}: {feature}: holds no video stream")
-        self._stream = self._container.streams.video[0]
-        self._stream.thread_type = "AUTO"
-        self._av = av
-        self._frames: Iterator[Any] = self._container.decode(self._stream)
-        self._frame = None  # the newest decoded frame
-
-    def _seek(self, t: float) -> None:
-        # to the keyframe before a point a second early: frames before `t` are decoded and skipped
-        self._container.seek(max(0, int((t - 1.0) / self._stream.time_base)), stream=self._stream, backward=True)
-        self._frames = self._container.decode(self._stream)
-        self._frame = None
-
-    def frame_at(self, t: float, where: str) -> np.ndarray:
-        """The frame shown at `t` seconds, as uint8 (H, W, 3) RGB."""
-        behind = self._frame.time if self._frame is not None else 0.0
-        if behind > t + self.half_frame or t - behind > SEEK_AHEAD_S:
-            self._seek(t)
-        while self._frame is None or self._frame.time < t - self.half_frame:
-            try:
-                self._frame = next(self._frames)
-            except StopIteration:
-                last = f"its last frame is at {self._frame.time:.3f} s" if self._frame is not None else "it has no frame there"
-                raise ConfigError(f"{self.path}: {self.feature}: {where} needs the frame at {t:.3f} s, but the "
-                                  f"video ends before it ({last}); it has fewer frames than the episode has steps") from None
-            except self._av.FFmpegError as e:
-                raise ConfigError(f"{self.path}: {self.feature}: does not decode near {t:.3f} s ({e})") from None
-            if self._frame.time is None:
-                raise ConfigError(f"{self.path}: {self.feature}: a frame without a presentation time")
-        if self._frame.time > t + self.half_frame:
-            raise ConfigError(f"{self.path}: {self.feature}: {where} needs the frame at {t:.3f} s; the nearest is at "
-                              f"{self._frame.time:.3f} s")
-        rgb = self._frame.to_ndarray(format="rgb24")
-        if self.shape is not None and rgb.shape != self.shape:
-            raise ConfigError(f"{self.path}: {self.feature}: frames are {rgb.shape[1]}x{rgb.shape[0]}; info.json "
-                              f"features.{self.feature}.shape declares {self.shape[1]}x{self.shape[0]}")
-        return rgb
-
-    def close(self) -> None:
-        self._container.close()
 
 
 # ---------------------------------------------------------------------- import

@@ -61,6 +61,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from robo_rl.data.codecs import CRF_RANGE, canonical_codec
+from robo_rl.data.codecs import encode_mp4 as _encode_episode  # the name tests patch to fail an encode
 from robo_rl.data.lerobot import (EPISODE_META_FIELD, INDEX_COLUMNS, RECORDED_TIME_COLUMN, SEGMENT_COLUMN,
                                   key_to_feature)
 from robo_rl.data.outputs import check_destination, move_into_place, staging_dir
@@ -88,24 +90,9 @@ QUANTILES = (0.01, 0.10, 0.50, 0.90, 0.99)
 QUANTILE_NAMES = tuple(f"q{round(q * 100):02d}" for q in QUANTILES)
 STAT_NAMES = ("min", "max", "mean", "std", "count", *QUANTILE_NAMES)
 
-# Codec names accepted -> (PyAV encoder, options beside crf and g). LeRobot's encoder uses g=2 (a
-# keyframe every other frame, for fast random access) and svt-av1 preset 12; so do we. H.264 goes
-# without B-frames: Rerun's LeRobot reader (and other streaming decoders) cannot play them untranscoded.
-ENCODERS = {"libsvtav1": ("libsvtav1", {"preset": "12"}), "h264": ("libx264", {"bf": "0"})}
-CODEC_ALIASES = {"av1": "libsvtav1", "svtav1": "libsvtav1", "libx264": "h264"}
-CRF_RANGE = {"libsvtav1": (0, 63), "h264": (0, 51)}
-GOP = 2
 FRAME_BLOCK = 64  # camera frames read from the store at a time: memory stays bounded on long episodes
 TIME_TOLERANCE_S = 1e-4  # LeRobot's default tolerance_s when it matches a frame to a timestamp
 ROW_GROUP_BYTES = 16 << 20  # small episodes are gathered into row groups of about this size
-
-
-# ---------------------------------------------------------------------- names
-def canonical_codec(codec: str) -> str:
-    name = CODEC_ALIASES.get(str(codec).lower(), str(codec).lower())
-    if name not in ENCODERS:
-        raise ConfigError(f"codec {codec!r} unknown; choose one of {', '.join(ENCODERS)}")
-    return name
 
 
 def _next_file(chunk_index: int, file_index: int) -> tuple[int, int]:
@@ -328,28 +315,6 @@ class _RollingParquet:
 
 
 # ---------------------------------------------------------------------- video
-def _encode_episode(frames: Iterator[np.ndarray], fps: int, codec: str, crf: int, height: int, width: int) -> bytes:
-    """One episode's frames as an mp4 in memory; a fresh encoder, so its first frame is a keyframe."""
-    import av
-
-    encoder, options = ENCODERS[codec]
-    buffer = io.BytesIO()
-    with av.open(buffer, mode="w", format="mp4") as container:
-        stream = container.add_stream(encoder, rate=fps, options={**options, "crf": str(crf), "g": str(GOP)})
-        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        k = 0
-        for block in frames:
-            for img in block:
-                frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(img), format="rgb24")
-                frame.pts = k
-                k += 1
-                for packet in stream.encode(frame):
-                    container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
-    return buffer.getvalue()
-
-
 @dataclass
 class _VideoEpisode:
     episode_index: int

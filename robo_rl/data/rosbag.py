@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 
+from robo_rl.data.codecs import rgb_from_message
 from robo_rl.data.outputs import check_destination, new_store
 from robo_rl.data.schema import EpisodeMeta, Schema, Segment
 from robo_rl.errors import ConfigError
@@ -64,46 +65,6 @@ class BagImport:
 
 
 IMAGE_MSGTYPES = ("sensor_msgs/msg/Image", "sensor_msgs/msg/CompressedImage")
-RAW_CHANNELS = {"rgb8": 3, "bgr8": 3, "mono8": 1, "rgba8": 4, "bgra8": 4}
-
-
-def rgb_from_raw(encoding: str, height: int, width: int, step: int, data: Any) -> np.ndarray:
-    """A sensor_msgs/Image's pixels as uint8 HWC RGB (a copy: `data` may be a message buffer)."""
-    channels = RAW_CHANNELS.get(encoding)
-    if channels is None:
-        raise ConfigError(f"image encoding {encoding!r} unsupported; use one of {sorted(RAW_CHANNELS)}")
-    buf = np.frombuffer(data, np.uint8) if isinstance(data, (bytes, bytearray, memoryview)) else np.asarray(data, np.uint8).reshape(-1)
-    if height <= 0 or width <= 0 or step < width * channels or buf.size < height * step:
-        raise ConfigError(f"a {width}x{height} {encoding} image with step {step} needs step >= {width * channels} and "
-                          f"{height * step} bytes; it has {buf.size}")
-    px = buf[:height * step].reshape(height, step)[:, :width * channels].reshape(height, width, channels)
-    if channels == 1:
-        return np.repeat(px, 3, axis=2)
-    return (px[..., 2::-1] if encoding.startswith("bgr") else px[..., :3]).copy()
-
-
-def rgb_from_compressed(data: Any, fmt: str = "") -> np.ndarray:
-    """A sensor_msgs/CompressedImage (JPEG or PNG, told apart by their first bytes) as uint8 HWC RGB."""
-    import av
-
-    raw = bytes(data)
-    codec = "mjpeg" if raw[:2] == b"\xff\xd8" else "png" if raw[:8] == b"\x89PNG\r\n\x1a\n" else None
-    if codec is None:
-        raise ConfigError(f"compressed image (format {fmt!r}) is neither JPEG nor PNG")
-    try:
-        frames = av.CodecContext.create(codec, "r").decode(av.Packet(raw))
-    except av.FFmpegError as e:
-        raise ConfigError(f"compressed image (format {fmt!r}) does not decode as {codec}: {e}") from None
-    if not frames:
-        raise ConfigError(f"compressed image (format {fmt!r}) holds no complete {codec} picture")
-    return frames[0].to_ndarray(format="rgb24")
-
-
-def rgb_from_message(msg: Any) -> np.ndarray:
-    """Either image message (ours or rosbags'; told apart by Image's `encoding`) as uint8 HWC RGB."""
-    if hasattr(msg, "encoding"):
-        return rgb_from_raw(msg.encoding, int(msg.height), int(msg.width), int(msg.step), msg.data)
-    return rgb_from_compressed(msg.data, msg.format)
 
 
 def _typestore():
@@ -303,7 +264,7 @@ BLOCK_STEPS = 64  # steps handed to the store at once: frames reach disk a shard
 
 def import_bags(bags: Sequence[str | Path], out: str | Path, cfg: BagImport, overwrite: bool = False) -> EpisodeStore:
     """Every bag (its episodes) into a new store at `out`; all or nothing."""
-    from robo_rl.data.store import EpisodeStore  # here, not above: Ros2Robot imports the decoders without zarr
+    from robo_rl.data.store import EpisodeStore  # here, not above: reading a bag needs no zarr
 
     if cfg.action_from not in ("command", "next_qpos"):
         raise ConfigError(f"action_from={cfg.action_from!r}; choose command or next_qpos")

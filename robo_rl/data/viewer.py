@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
+from robo_rl.data.codecs import encode_jpeg
 from robo_rl.data.schema import IMAGE_PREFIX, SEGMENT_KEY, TIMESTAMP_KEY, EpisodeMeta, Schema, Segment
 from robo_rl.errors import ConfigError
 
@@ -73,16 +74,6 @@ def segment_name(value: int) -> str:
         return Segment(int(value)).name
     except ValueError:
         return f"SEGMENT {int(value)}"
-
-
-def encode_jpeg(frame: np.ndarray, quality: int) -> bytes:
-    import cv2
-
-    img = frame[..., 0] if frame.shape[-1] == 1 else cv2.cvtColor(frame, cv2.COLOR_RGB2BGR)  # cv2 writes BGR
-    ok, buf = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, int(quality)])
-    if not ok:
-        raise ConfigError(f"could not JPEG-encode a frame of shape {frame.shape}")
-    return buf.tobytes()
 
 
 def observation_values(obs: Any, action: np.ndarray | None = None) -> dict[str, np.ndarray]:

@@ -28,12 +28,12 @@ import dataclasses
 import threading
 import time
 from collections import deque
-from fractions import Fraction
 from typing import Any, Sequence
 
 import mujoco
 import numpy as np
 
+from robo_rl.data.codecs import JpegEncoder
 from robo_rl.errors import ConfigError
 from robo_rl.hardware.ros2.episodes import EpisodeServer
 from robo_rl.hardware.ros2.messages import CompressedImage, Header, Image, JointState, Time
@@ -41,25 +41,6 @@ from robo_rl.hardware.robot import RobotSpec
 from robo_rl.hardware.ros2.robot import (COMMAND_TYPES, IMAGE_TYPES, CameraTopic, CommandTopic, Ros2Config, from_wire,
                                          to_wire)
 from robo_rl.sim.robot import SimRobot, new_renderer
-
-
-class JpegEncoder:
-    """RGB frames -> JPEG bytes (PyAV's mjpeg), one encoder per camera."""
-
-    def __init__(self, height: int, width: int):
-        import av
-
-        self._av = av
-        self._ctx = av.CodecContext.create("mjpeg", "w")
-        self._ctx.width, self._ctx.height, self._ctx.pix_fmt = width, height, "yuvj420p"
-        self._ctx.time_base = Fraction(1, 1000)
-        self._pts = 0
-
-    def encode(self, rgb: np.ndarray) -> bytes:
-        frame = self._av.VideoFrame.from_ndarray(rgb, format="rgb24").reformat(format="yuvj420p")
-        frame.pts = self._pts
-        self._pts += 1
-        return b"".join(bytes(p) for p in self._ctx.encode(frame))
 
 
 class SimBridge:

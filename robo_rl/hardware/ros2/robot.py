@@ -31,7 +31,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from robo_rl.data.rosbag import rgb_from_message
+from robo_rl.data.codecs import rgb_from_message
 from robo_rl.errors import ConfigError
 from robo_rl.hardware.robot import Observation, RobotSpec, read_robot_yaml
 from robo_rl.hardware.ros2.messages import (CompressedImage, Duration, Float64MultiArray, Header, Image, JointState,
