@@ -43,13 +43,6 @@ def store_schema(opened: Any, cameras: list[str], image_size: tuple[int, int]) -
     return Schema.build(keys, fps=spec.control_hz, robot=spec.name)
 
 
-def store_step(obs: Any, executed: np.ndarray, cameras: list[str]) -> dict[str, Any]:
-    """The robot gives frames at the store's size (the twin renders them so, Ros2Robot resizes)."""
-    step = {"obs/qpos": obs.qpos, "obs/qvel": obs.qvel, "action": executed, **obs.extra}
-    step.update({f"obs/images/{cam}": obs.images[cam] for cam in cameras})
-    return step
-
-
 class Policy:
     """A checkpoint's policy for intervention recording: what it observes and how it runs."""
 
@@ -66,13 +59,15 @@ class Policy:
         self.cameras = [k.rsplit("/", 1)[-1] for k in shapes.images]
         self.image_size = tuple(next(iter(shapes.images.values()), (240, 320)))
 
-    def source(self, operator: Any, ctl_cfg: Any, stage: Any, mode: str) -> Any:
+    def sources(self, operator: Any, ctl_cfg: Any, stage: Any, mode: str) -> Any:
+        """The RaC protocol's source, the one the twin's intervention collection runs."""
         from robo_rl.rac.intervention import InterventionConfig, InterventionController
         from robo_rl.runtime.controller import PolicyChunks
+        from robo_rl.runtime.episodes import PerRobot
         from robo_rl.runtime.sources import Interventions
 
-        return Interventions(PolicyChunks(self.predict, ctl_cfg), InterventionController(operator, InterventionConfig(mode)),
-                             stage)
+        return Interventions(PerRobot([PolicyChunks(self.predict, ctl_cfg)]),
+                             [InterventionController(operator, InterventionConfig(mode))], [stage])
 
 
 def wait_for_start(keys: SessionKeys, estop: Any) -> bool:
@@ -85,10 +80,100 @@ def wait_for_start(keys: SessionKeys, estop: Any) -> bool:
     return False
 
 
+class RecordSession:
+    """The episode loop's hooks for `robo-rl record`: an episode starts on n (or at once with
+    auto_start), each recorded tick goes to the Recorder with its label, and each ended episode
+    is committed (y / f / the time limit / RaC's END) or discarded (x, Ctrl-C, nothing recorded)."""
+
+    def __init__(self, cfg: DictConfig, opened: Any, keys: SessionKeys, estop: Any, recorder: Any, operator: Any,
+                 sources: Any, cameras: list[str], viewer: Any, live: Any, has_policy: bool, device_name: str):
+        self.cfg, self.opened, self.keys, self.estop, self.recorder = cfg, opened, keys, estop, recorder
+        self.operator, self.sources, self.cameras, self.viewer, self.live = operator, sources, cameras, viewer, live
+        self.has_policy, self.device_name = has_policy, device_name
+        self.hz = opened.robot.spec.control_hz
+        self.index, self.rows, self.stopped = 0, [], ""  # stopped: why the session stopped early, if it did
+        self.extra: dict[str, Any] = {}
+        self.decision: list[str] = []
+        self.t0 = 0.0
+
+    def start(self, i: int) -> Any:
+        from robo_rl.data.schema import EpisodeMeta
+        from robo_rl.runtime.episodes import Episode
+
+        cfg, opened = self.cfg, self.opened
+        if (cfg.episodes is not None and self.index >= int(cfg.episodes)) or self.estop.tripped or self.stopped:
+            return None
+        if not cfg.auto_start:
+            print(f"episode {self.index}: press n to start", flush=True)
+            if not wait_for_start(self.keys, self.estop):
+                return None
+        safety, watchdog, _ = safety_for(opened)  # per episode: its table counts its own clamps
+        seed = int(cfg.seed) + self.index
+        self.extra = {}
+        if opened.twin is not None:  # a fresh scene, and what replay needs to restore it
+            opened.robot.reset(seed)
+            self.extra = {"seed": seed, "init_state": opened.twin.sim_state().tolist()}
+        self.operator.reset()
+        self.recorder.start_episode(EpisodeMeta(task=str(cfg.task or ""), source=str(cfg.mode) if self.has_policy
+                                                else "teleop", operator=f"human_{self.device_name}", extra=self.extra))
+        self.decision, self.t0 = [], time.monotonic()
+        print(f"episode {self.index}: recording", flush=True)
+        if self.live is not None:
+            self.live.mark(f"episode {self.index}: recording")
+        return Episode(max_ticks=int(round(float(cfg.episode_s) * self.hz)), stop=self.decided, safety=safety,
+                       watchdog=watchdog, end_on_success=False, end_on_time_limit=False)
+
+    def decided(self) -> bool:
+        self.decision.extend(k for k in self.keys.take() if k in "yfx")
+        return bool(self.decision)
+
+    def step(self, i: int, obs: Any, executed: np.ndarray, segment: Any, outcome: Any) -> None:
+        from robo_rl.runtime.episodes import store_step
+
+        step = store_step(obs, executed, self.cameras)
+        self.recorder.add_step(step, time.monotonic() - self.t0, segment)
+        self.viewer.sync()
+        if self.live is not None:  # view=true: never blocks (a full queue drops the step)
+            self.live.step(step, segment)
+
+    def end(self, i: int, report: Any, outcome: Any) -> None:
+        s, index, opened = report.summary(), self.index, self.opened
+        if s["stopped_reason"] and report.recorded == 0:
+            self.recorder.discard_episode()
+            print(f"episode {index}: not started: {s['stopped_reason']}", flush=True)
+            self.stopped = s["stopped_reason"]  # a tripped e-stop stays tripped: no episode could start
+            return
+        if report.interrupted or report.recorded == 0 or (self.decision and self.decision[0] == "x"):
+            self.recorder.discard_episode()
+            print(f"episode {index}: discarded", flush=True)
+            return
+        key = self.decision[0] if self.decision else ""
+        marked = {"y": True, "f": False}.get(key)
+        ended = self.sources.ended(0)
+        why = f"marked {key}" if marked is not None else ("RaC end" if ended else "time limit")
+        updates: dict[str, Any] = {"ended": why, "marked_success": marked}
+        if opened.twin is not None:  # the twin knows: its verdict is the label, the human's mark is kept beside it
+            success = opened.robot.success
+            updates["max_stage"] = opened.robot.max_stage
+        else:
+            success = marked
+        if self.has_policy:
+            updates["interventions"] = [r.to_json() for r in self.sources.controllers[0].interventions]
+        if s["stopped_reason"]:
+            updates["stopped"] = s["stopped_reason"]
+            success = False
+        saved = self.recorder.end_episode(success=success, extra={**self.extra, **updates})
+        self.rows.append([str(saved), str(report.recorded), f"{report.recorded / self.hz:.1f}", str(success), why,
+                          f"{s['period_p99_ms']:.2f}", str(s.get("step_limit", 0) + s.get("velocity_limit", 0))])
+        print(f"episode {index}: saved as {saved} ({report.recorded} steps, success {success}, {why})", flush=True)
+        self.index += 1
+        self.stopped = s["stopped_reason"]
+
+
 def run(cfg: DictConfig) -> int:
     from robo_rl.data.recorder import Recorder
-    from robo_rl.data.schema import EpisodeMeta
-    from robo_rl.runtime.controller import Controller, ControllerConfig
+    from robo_rl.runtime.controller import ControllerConfig, observation_window
+    from robo_rl.runtime.episodes import PerRobot, run_episodes
     from robo_rl.runtime.sources import OperatorCommands
     from robo_rl.sim.teleop import TeleopOperator
 
@@ -121,9 +206,7 @@ def run(cfg: DictConfig) -> int:
     opened = open_robot(cfg, cameras, image_size)
     _, _, estop = safety_for(opened)
     listen_estop(opened.robot, cfg.estop_topic, estop)
-    keys = live = recorder = device = viewer = None
-    rows: list[list[str]] = []
-    stopped = ""  # why the session stopped early (e-stop, watchdog), if it did
+    keys = live = recorder = device = viewer = session = None
     hz = opened.robot.spec.control_hz
     ctl_cfg = ControllerConfig(hz=hz)
     if policy is not None:
@@ -142,92 +225,26 @@ def run(cfg: DictConfig) -> int:
                                   recover=cfg.mode == "rac" or policy is None, spec=opened.robot.spec)
         viewer = TwinViewer(opened, keys)
         if policy is not None:  # warm up: the first call traces the sampler, which must not happen mid-episode
-            from robo_rl.runtime.controller import observation_window
-
             policy.predict(observation_window([opened.robot.observe()] * ctl_cfg.n_obs))
+            stage = (lambda: opened.twin.task.stage(opened.twin.robot)) if opened.twin is not None else None
+            sources = policy.sources(operator, ctl_cfg, stage, str(cfg.mode))
+        else:
+            sources = PerRobot([OperatorCommands(operator)])
         what = "teleop demos" if policy is None else f"{cfg.mode} interventions on {policy.policy.name}"
         print(f"record {what} with {cfg.teleop} on {cfg.robot} into {cfg.out} at {hz:.0f} Hz, cameras {cameras or 'none'}",
               flush=True)
         print("keys: n start an episode · y end, success · f end, failure · x discard · space e-stop · Ctrl-C quit"
               + (" · t / r / c take over, recovery done, correction done" if policy is not None else ""), flush=True)
-        index = 0
-        while (cfg.episodes is None or index < int(cfg.episodes)) and not estop.tripped:
-            if not cfg.auto_start:
-                print(f"episode {index}: press n to start", flush=True)
-            try:
-                if not cfg.auto_start and not wait_for_start(keys, estop):
-                    break
-            except KeyboardInterrupt:
-                break
-            safety, watchdog, _ = safety_for(opened)  # per episode: its table counts its own clamps
-            seed = int(cfg.seed) + index
-            extra: dict[str, Any] = {}
-            if opened.twin is not None:  # a fresh scene, and what replay needs to restore it
-                opened.robot.reset(seed)
-                extra = {"seed": seed, "init_state": opened.twin.sim_state().tolist()}
-            operator.reset()
-            stage = (lambda: opened.twin.task.stage(opened.twin.robot)) if opened.twin is not None else None
-            source = OperatorCommands(operator) if policy is None else policy.source(operator, ctl_cfg, stage, str(cfg.mode))
-            recorder.start_episode(EpisodeMeta(task=str(cfg.task or ""), source="teleop" if policy is None else str(cfg.mode),
-                                               operator=f"human_{device.name}", extra=extra))
-            t0 = time.monotonic()
-            decision: list[str] = []
-
-            def stop() -> bool:
-                decision.extend(k for k in keys.take() if k in "yfx")
-                return bool(decision) or getattr(source, "ended", False)
-
-            def on_record(obs: Any, executed: np.ndarray) -> None:
-                step = store_step(obs, executed, cameras)
-                recorder.add_step(step, time.monotonic() - t0, source.segment)
-                viewer.sync()
-                if live is not None:  # view=true: never blocks (a full queue drops the step)
-                    live.step(step, source.segment)
-
-            print(f"episode {index}: recording", flush=True)
-            if live is not None:
-                live.mark(f"episode {index}: recording")
-            report = Controller(opened.robot, source, ctl_cfg, safety=safety, watchdog=watchdog, estop=estop,
-                                on_record=on_record).run(float(cfg.episode_s), stop=stop)
-            s = report.summary()
-            if s["stopped_reason"] and report.recorded == 0:
-                recorder.discard_episode()
-                print(f"episode {index}: not started: {s['stopped_reason']}", flush=True)
-                stopped = s["stopped_reason"]
-                break  # a tripped e-stop stays tripped: no episode could start
-            if report.interrupted or report.recorded == 0 or (decision and decision[0] == "x"):
-                recorder.discard_episode()
-                print(f"episode {index}: discarded", flush=True)
-                if report.interrupted:
-                    break
-                continue
-            key = decision[0] if decision else ""
-            marked = {"y": True, "f": False}.get(key)
-            why = f"marked {key}" if marked is not None else ("RaC end" if getattr(source, "ended", False) else "time limit")
-            updates: dict[str, Any] = {"ended": why, "marked_success": marked}
-            if opened.twin is not None:  # the twin knows: its verdict is the label, the human's mark is kept beside it
-                success = opened.robot.success
-                updates["max_stage"] = opened.robot.max_stage
-            else:
-                success = marked
-            if policy is not None:
-                updates["interventions"] = [i.to_json() for i in source.interventions.interventions]
-            if s["stopped_reason"]:
-                updates["stopped"] = s["stopped_reason"]
-                success = False
-            saved = recorder.end_episode(success=success, extra={**extra, **updates})
-            rows.append([str(saved), str(report.recorded), f"{report.recorded / hz:.1f}", str(success), why,
-                         f"{s['period_p99_ms']:.2f}", str(s.get("step_limit", 0) + s.get("velocity_limit", 0))])
-            print(f"episode {index}: saved as {saved} ({report.recorded} steps, success {success}, {why})", flush=True)
-            index += 1
-            if s["stopped_reason"]:
-                stopped = s["stopped_reason"]
-                break
-    except KeyboardInterrupt:  # outside the control loop (between episodes, at a reset): ended episodes are kept
+        session = RecordSession(cfg, opened, keys, estop, recorder, operator, sources, cameras, viewer, live,
+                                policy is not None, device.name)
+        run_episodes([opened.robot], sources, ctl_cfg, session, estop=estop)
+    except KeyboardInterrupt:  # outside the control loop (at a reset): ended episodes are kept
         print("interrupted", flush=True)
     finally:
         # the recorder waits for every commit; the live view last (its close waits for its queue)
         close_session(keys, viewer, device, opened.robot, recorder, live)
+    rows = session.rows if session is not None else []
+    stopped = session.stopped if session is not None else ""
     print_live_summary(live)
     print_table(f"record: {cfg.out}", ["episode", "steps", "seconds", "success", "ended by", "tick p99 ms",
                                         "step/velocity clamps"], rows)

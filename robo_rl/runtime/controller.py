@@ -29,17 +29,14 @@ holds/stops and the safety filter's counts.
 from __future__ import annotations
 
 import math
-import sys
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Mapping, Protocol
 
 import numpy as np
 
 from robo_rl.errors import ConfigError
-from robo_rl.hardware.safety import TrackingMonitor
 
 
 @dataclass
@@ -128,6 +125,7 @@ class InferenceWorker:
         self._cv = threading.Condition()
         self._stop = False
         self._busy = False
+        self._generation = 0  # bumped by discard(): a result of an older request is dropped
         self._thread = threading.Thread(target=self._run, name="inference", daemon=True)
         self._thread.start()
 
@@ -140,6 +138,12 @@ class InferenceWorker:
             self._request = (obs_time, window, extra)
             self._cv.notify()
             return True
+
+    def discard(self) -> None:
+        """Forget the request queued, the result waiting and the one being computed (a new episode)."""
+        with self._cv:
+            self._request, self._result = None, None
+            self._generation += 1
 
     def take(self) -> TimedChunk | None:
         with self._cv:
@@ -171,7 +175,7 @@ class InferenceWorker:
                 if self._stop:
                     return
                 (obs_time, window, extra), self._request = self._request, None
-                self._busy = True
+                self._busy, generation = True, self._generation
             t = time.perf_counter()
             try:
                 chunk = np.asarray(self.predict(window, **extra), dtype=np.float32)
@@ -183,7 +187,8 @@ class InferenceWorker:
                 return
             with self._cv:
                 self._latencies.append((time.perf_counter() - t) * 1e3)
-                self._result = TimedChunk(obs_time, chunk)
+                if generation == self._generation:
+                    self._result = TimedChunk(obs_time, chunk)
                 self._busy = False
 
     def close(self) -> None:
@@ -240,6 +245,12 @@ class PolicyChunks:
         self._last_action: np.ndarray | None = None
         self._handover = False
 
+    def begin(self) -> None:
+        """A new episode: no chunk, no blend, and nothing the worker computed before counts."""
+        self.worker.discard()
+        self.current, self._blend_from, self._blend_left = None, None, 0
+        self._last_action, self._handover = None, False
+
     def action(self, deadline: float, history: list[Any], report: ControllerReport) -> np.ndarray | None:
         cfg, period = self.config, self.period
         # a new chunk: drop what is already past, blend from the old one's continuation
@@ -283,102 +294,52 @@ class PolicyChunks:
 
 
 class Controller:
-    """Runs `robot` at `config.hz` with commands from `source` (an ActionSource; a bare `predict`
-    function becomes PolicyChunks), through `safety` (a SafetyFilter) and `watchdog` if given;
-    `estop` (an EStop) ends the run at the next tick. With `safety`, a TrackingMonitor on the
-    same limits stops the run when the robot does not follow (its message names the joints, and
-    the robot's own advice where it has one, `not_following_hint()`: e.g. the topics the commands
-    went to)."""
+    """Runs `robot` at `config.hz` with commands from `source` (an ActionSource, Sources, or a bare
+    `predict` function, which becomes PolicyChunks), through `safety` (a SafetyFilter) and
+    `watchdog` if given; `estop` (an EStop) ends the run at the next tick. With `safety`, a
+    TrackingMonitor on the same limits stops the run when the robot does not follow (its message
+    names the joints, and the robot's own advice where it has one, `not_following_hint()`: e.g.
+    the topics the commands went to). One run is one episode of the episode loop
+    (robo_rl/runtime/episodes.py), on the real-time clock."""
 
     def __init__(self, robot: Any, source: Any, config: ControllerConfig,
                  safety: Any = None, watchdog: Any = None, estop: Any = None,
                  on_record: Callable[[Any, np.ndarray], None] | None = None,
                  make_window: Callable[[list[Any]], dict[str, np.ndarray]] = observation_window,
                  clock: Callable[[], float] = time.monotonic):
+        from robo_rl.runtime.episodes import as_sources  # episodes.py is built on this module's parts
+
         config.validate()
         self.robot, self.config, self.safety, self.watchdog, self.estop = robot, config, safety, watchdog, estop
         self.on_record, self.clock = on_record, clock
-        self.source = source if hasattr(source, "action") else PolicyChunks(source, config, make_window)
-        self.tracking = None if safety is None else TrackingMonitor(safety.spec, safety.config)
+        self.source = as_sources(source, config, 1, make_window)
 
     def run(self, duration_s: float | None = None, stop: Callable[[], bool] | None = None) -> ControllerReport:
         """Run for `duration_s` (None: until `stop()` is true, checked every tick) and report.
         Ctrl-C ends the run with `report.interrupted` set."""
-        cfg, report = self.config, ControllerReport()
-        period = 1.0 / cfg.hz
-        record_period = 1.0 / (cfg.record_hz or cfg.hz)
-        history: deque[Any] = deque(maxlen=cfg.n_obs)
-        obs = self.robot.observe()
-        command = np.asarray(obs.qpos, dtype=np.float32)
-        if self.safety is not None:
-            self.safety.reset(command)
-        # Python hands the GIL between threads every 5 ms by default: a policy thread running
-        # Python code could hold the loop up for that long. A fraction of a period bounds it.
-        switch = sys.getswitchinterval()
-        sys.setswitchinterval(min(switch, period / 20))
-        t0 = self.clock()
-        next_record = t0
-        last_start = None
-        ticks = None if duration_s is None else int(round(duration_s * cfg.hz))
-        try:
-            k = -1
-            while ticks is None or k + 1 < ticks:
-                k += 1
-                deadline = t0 + k * period
-                wait_until(deadline, cfg.spin_s, self.clock)
-                start = self.clock()
-                if last_start is not None:
-                    report.period_ms.append((start - last_start) * 1e3)
-                last_start = start
-                if start - deadline > period:
-                    report.overruns += 1
-                if self.estop is not None and self.estop.tripped:
-                    report.stopped_reason = f"e-stop: {self.estop.reason}"
-                    break
-                if stop is not None and stop():
-                    break
-                obs = self.robot.observe()
-                history.append(obs)
-                lost = None if self.tracking is None else self.tracking.check(obs.qpos, command, start)
-                if lost is not None:
-                    hint = getattr(self.robot, "not_following_hint", None)
-                    report.tracking_stops += 1
-                    report.stopped_reason = lost + (f". {hint()}" if hint is not None else "")
-                    break
-                if self.watchdog is not None:
-                    # A robot fed by messages says when its newest joint state arrived (`last_update`,
-                    # this clock); one that is read directly is always fresh.
-                    fresh = getattr(self.robot, "last_update", None)
-                    self.watchdog.observation_received(start if fresh is None else fresh)
+        from robo_rl.runtime.episodes import Episode, run_episodes
 
-                action = self.source.action(deadline, list(history), report)
-                if action is None:
-                    report.missing_actions += 1
-                    action = command  # hold
-                elif self.watchdog is not None:
-                    self.watchdog.command_received(start)
+        ticks = None if duration_s is None else int(round(duration_s * self.config.hz))
+        # the caller's limits rule a Controller run: a twin's task verdict does not end it
+        episode = Episode(max_ticks=ticks, stop=stop, safety=self.safety, watchdog=self.watchdog,
+                          end_on_success=False, end_on_time_limit=False)
+        hooks = _OneEpisode(episode, self.on_record)
+        return run_episodes([self.robot], self.source, self.config, hooks, estop=self.estop, clock=self.clock)
 
-                state = self.watchdog.check() if self.watchdog is not None else None
-                if state is not None and state.action == "stop":
-                    report.stopped_reason = state.message
-                    break
-                if state is not None and state.action == "hold":
-                    action = command
-                sent = self.safety.filter(action) if self.safety is not None else np.asarray(action, np.float32)
-                command = np.asarray(self.robot.act(sent), dtype=np.float32)
-                report.ticks += 1
-                if self.on_record is not None and start >= next_record - 1e-6:
-                    self.on_record(obs, command)
-                    report.recorded += 1
-                    next_record += record_period
-        except KeyboardInterrupt:  # Ctrl-C: stop commanding at once and still report
-            report.interrupted = True
-        finally:
-            sys.setswitchinterval(switch)
-            self.source.close()
-        report.inference_ms = self.source.latencies() if hasattr(self.source, "latencies") else []
-        if self.watchdog is not None:
-            report.watchdog_holds, report.watchdog_stops = self.watchdog.holds, self.watchdog.stops
-        if self.safety is not None:
-            report.safety = self.safety.report()
-        return report
+
+class _OneEpisode:
+    """The episode loop's hooks for one Controller run: one episode, each recorded tick to `on_record`."""
+
+    def __init__(self, episode: Any, on_record: Callable[[Any, np.ndarray], None] | None):
+        self.episode, self.on_record = episode, on_record
+
+    def start(self, i: int) -> Any:
+        episode, self.episode = self.episode, None
+        return episode
+
+    def step(self, i: int, obs: Any, executed: np.ndarray, segment: Any, outcome: Any) -> None:
+        if self.on_record is not None:
+            self.on_record(obs, executed)
+
+    def end(self, i: int, report: ControllerReport, outcome: Any) -> None:
+        pass

@@ -29,7 +29,8 @@ from robo_rl.data.store import EpisodeStore
 from robo_rl.errors import ConfigError, SchemaError
 from robo_rl.runtime.chunking import ChunkingConfig
 from robo_rl.sim.envs import BimanualEnv
-from robo_rl.sim.recording import demo_schema, demo_step
+from robo_rl.runtime.episodes import store_step
+from robo_rl.sim.recording import demo_schema
 from robo_rl.sim.replay import load_episode, make_env, start_replay
 from robo_rl.sim.rollout import IMAGE_PREFIX, EvalSummary, PredictFn, evaluate_policy
 
@@ -113,26 +114,24 @@ class RolloutRecorder:
         self.meta_extra = dict(meta_extra or {})
         self.store: EpisodeStore | None = None
         self.steps: dict[int, list[dict]] = {}
-        self.last_obs: dict[int, Mapping] = {}
         self.facts: dict[int, dict] = {}
 
-    def begin(self, i, env, obs, seed) -> None:
+    def begin(self, i, twin, seed) -> None:
         if self.store is None:  # the schema comes from the first env
-            schema = rollout_schema(env, self.cameras, self.image_size)
+            schema = rollout_schema(twin.env, self.cameras, self.image_size)
             try:
                 self.store = EpisodeStore.open_or_create(self.out, schema)
             except SchemaError:
                 raise ConfigError(f"record={self.out}: that store holds other keys than this policy's rollouts; "
                                   f"pass another path") from None
             self.fps = float(schema.fps)
-        self.facts[i] = {"seed": seed, "init_state": env.sim_state().tolist(), **self.meta_extra}
-        self.steps[i], self.last_obs[i] = [], obs
+        self.facts[i] = {"seed": seed, "init_state": twin.sim_state().tolist(), **self.meta_extra}
+        self.steps[i] = []
 
-    def step(self, i, obs, info) -> None:
-        step = demo_step(self.last_obs[i], info["executed_action"], self.cameras)
-        step[STAGE_KEY] = np.int8(info["stage"])
+    def step(self, i, obs, executed, outcome) -> None:
+        step = store_step(obs, executed, self.cameras)
+        step[STAGE_KEY] = np.int8(outcome.stage)
         self.steps[i].append(step)
-        self.last_obs[i] = obs
 
     def end(self, i, success, max_stage, length) -> None:
         steps = self.steps.pop(i)

@@ -16,9 +16,11 @@ import numpy as np
 from gymnasium import spaces
 
 from robo_rl.errors import ConfigError
+from robo_rl.hardware.robot import Observation
+from robo_rl.runtime.episodes import Outcome
 from robo_rl.sim.expert import ExpertNoise, ScriptedExpert
 from robo_rl.sim.robot import SimRobot
-from robo_rl.sim.tasks import make_task
+from robo_rl.sim.tasks import TASKS, make_task
 
 OBS_MODES = ("state", "pixels", "state+pixels")
 
@@ -59,7 +61,7 @@ class BimanualEnv(gym.Env):
             h, w = image_size
             obs["images"] = spaces.Dict({c: spaces.Box(0, 255, (h, w, 3), np.uint8) for c in cameras})
         self.observation_space = spaces.Dict(obs)
-        self._pixels = pixels
+        self.pixels = pixels  # cameras are observations (else only render() draws)
         self.disturb = disturb and hasattr(self.task, "disturb")
         self._steps = 0
         self._max_stage = 0
@@ -70,7 +72,7 @@ class BimanualEnv(gym.Env):
         if "state" in self.obs_mode:
             out["qvel"] = r.joint_velocities()
             out["env_state"] = self.task.state(r)
-        if self._pixels:
+        if self.pixels:
             out["images"] = r.render()
         return out
 
@@ -130,11 +132,7 @@ class BimanualEnv(gym.Env):
         self.robot.close()
 
 
-TASK_IDS = {
-    "transfer_cube": "robo_rl/TransferCube-v0",
-    "insertion": "robo_rl/Insertion-v0",
-    "pack_cube": "robo_rl/PackCube-v0",
-}
+TASK_IDS = {name: f"robo_rl/{cls.__name__}-v0" for name, cls in TASKS.items()}  # gymnasium ids, from the one registry
 
 
 def register_envs() -> None:
@@ -147,14 +145,22 @@ register_envs()
 
 
 class TaskTwin:
-    """The twin of a task as a Robot for the real-time Controller (`robo-rl deploy robot=sim`, and
-    the task `robo-rl sim-bridge` serves): `observe()` adds the task's object state
-    (`obs/env_state`, which only the twin has) and `act()` keeps track of the furthest stage
-    reached, with the task's disturbances when the env has them on (as evaluation does)."""
+    """The twin of a task as a Robot that runs episodes: what the episode loop
+    (robo_rl/runtime/episodes.py) steps for evaluation, intervention collection and critic
+    rollouts, what `robo-rl deploy robot=sim` / `record robot=sim` command in real time, and the
+    task `robo-rl sim-bridge` serves. `observe()` adds the task's object state (`obs/env_state`,
+    which only the twin has) and renders the cameras the env observes; `act()` steps the physics
+    with the task's disturbances when the env has them on (as evaluation does) and keeps the
+    stage; `outcome()` says where the episode stands (success, the time limit)."""
 
     def __init__(self, env: BimanualEnv):
         self.env, self.spec = env, env.robot.spec
-        self.max_stage = 0
+        self.final_stage = len(env.task.stage_names) - 1
+        self._new_episode()
+
+    def _new_episode(self) -> None:
+        self.stage = self.max_stage = self.steps = 0
+        self.disturbed = False
 
     def connect(self) -> None:
         self.env.robot.connect()
@@ -162,23 +168,34 @@ class TaskTwin:
     def reset(self, seed: int) -> None:
         """A new scene from `seed` (a new episode): the stage count starts again."""
         self.env.reset(seed=seed)
-        self.max_stage = 0
+        self._new_episode()
 
-    def observe(self):
-        obs = self.env.robot.observe()
-        obs.extra["obs/env_state"] = self.env.task.state(self.env.robot)
-        return obs
+    def observe(self) -> Observation:
+        r = self.env.robot
+        return Observation(qpos=r.joint_positions(), qvel=r.joint_velocities(),
+                           images=r.render() if self.env.pixels else {}, timestamp=r.time,
+                           extra={"obs/env_state": self.env.task.state(r)})
 
     def act(self, action: np.ndarray) -> np.ndarray:
-        executed = self.env.robot.act(action)
-        if self.env.disturb:
-            self.env.task.disturb(self.env.robot)
-        self.max_stage = max(self.max_stage, self.env.task.stage(self.env.robot))
+        env = self.env
+        executed = env.robot.act(action)
+        if env.disturb and env.task.disturb(env.robot) is not None:
+            self.disturbed = True
+        self.steps += 1
+        self.stage = env.task.stage(env.robot)
+        self.max_stage = max(self.max_stage, self.stage)
         return executed
+
+    def outcome(self) -> Outcome:
+        return Outcome(self.stage, self.max_stage, self.stage == self.final_stage, self.steps >= self.env.max_steps,
+                       self.disturbed)
 
     @property
     def success(self) -> bool:
-        return self.max_stage == len(self.env.task.stage_names) - 1
+        return self.max_stage == self.final_stage
+
+    def sim_state(self) -> np.ndarray:
+        return self.env.sim_state()
 
     def close(self) -> None:
         self.env.close()

@@ -1,9 +1,11 @@
 """Intervention rollouts in the twin: the policy drives, an operator takes over, every step is
 recorded with its label (POLICY, RECOVERY, CORRECTION) into an EpisodeStore.
 
-Envs run in lockstep with one batched policy call per tick for the envs whose policy needs a new
-chunk, as in evaluation. Each env has its own `InterventionController` and operator (the
-simulated operator here; a human's keyboard or leader arms plug into the same controller). Under
+The rollouts run through the episode loop (robo_rl/runtime/episodes.py) with the RaC protocol's
+`Interventions` source, the code `robo-rl record checkpoint=` runs on real arms: envs in
+lockstep with one batched policy call per tick for the envs whose policy needs a new chunk, as
+in evaluation. Each env has its own `InterventionController` and operator (the simulated
+operator here; a human's keyboard or leader arms plug into the same controller). Under
 RaC an episode ends with its intervention (END); under HG-DAgger the policy takes over again with
 a fresh chunk and the episode runs to success or the time limit.
 
@@ -24,12 +26,14 @@ from robo_rl.data.schema import EpisodeMeta, Segment
 from robo_rl.data.store import EpisodeStore
 from robo_rl.errors import ConfigError
 from robo_rl.rac.intervention import InterventionConfig, InterventionController, Operator
-from robo_rl.runtime.chunking import ChunkExecutor, ChunkingConfig
-from robo_rl.sim.envs import BimanualEnv
+from robo_rl.runtime.chunking import ChunkingConfig
+from robo_rl.runtime.controller import ControllerConfig
+from robo_rl.runtime.episodes import Episode, LockstepChunks, Outcome, run_episodes, store_step
+from robo_rl.runtime.sources import Interventions
+from robo_rl.sim.envs import BimanualEnv, TaskTwin
 from robo_rl.sim.expert import ExpertNoise
 from robo_rl.sim.operator import OperatorConfig, SimOperator
-from robo_rl.sim.recording import demo_step, expert_episode, recording_env
-from robo_rl.sim.rollout import _env_obs, predict_chunks
+from robo_rl.sim.recording import expert_episode, recording_env
 
 OPERATOR_LABELS = (int(Segment.RECOVERY), int(Segment.CORRECTION))
 PredictFn = Callable[[Mapping[str, np.ndarray]], np.ndarray]
@@ -116,9 +120,8 @@ def collect_interventions(
     n_envs = min(n_envs, episodes)
     made = [recording_env(task, cameras, image_size, disturb=disturb) for _ in range(n_envs)]
     envs, schema = [env for env, _ in made], made[0][1]
+    twins = [TaskTwin(env) for env in envs]
     store = EpisodeStore.open_or_create(out, schema)
-    fps = envs[0].robot.spec.control_hz
-    icfg = InterventionConfig(mode=mode)
     op_cfg = operator or OperatorConfig()
     if mode == "hg_dagger":  # HG-DAgger's operator corrects at once: no recovery manoeuvre first
         op_cfg = replace(op_cfg, recover=False)
@@ -126,112 +129,107 @@ def collect_interventions(
         ops = [make_operator(env) for env in envs]
     else:
         ops = [SimOperator(env, op_cfg, rng=np.random.default_rng(seed + 7919 * i)) for i, env in enumerate(envs)]
-    ctls = [InterventionController(op, icfg) for op in ops]
-    execs = [ChunkExecutor(chunking, horizon) for _ in envs]
-    windows: list[list[dict[str, np.ndarray]]] = [[] for _ in envs]
-    obs_now: list[Any] = [None] * n_envs
-    buffers: list[list[dict[str, np.ndarray]]] = [[] for _ in envs]
-    labels: list[list[int]] = [[] for _ in envs]
-    meta: list[dict[str, Any]] = [{} for _ in envs]
-    active = [False] * n_envs
-    op_steps = [0] * n_envs  # operator-commanded steps of each running episode
-    stats = CollectStats()
-    next_episode = 0
-    bar = None
+    ctls = [InterventionController(op, InterventionConfig(mode=mode)) for op in ops]
+    # the RaC protocol as on real arms (robo-rl record checkpoint=): the same Interventions source
+    sources = Interventions(LockstepChunks(predict, chunking, horizon, n_envs, obs_keys, n_obs), ctls,
+                            [lambda env=env: env.task.stage(env.robot) for env in envs])
+    hooks = _Collection(twins, ops, ctls, store, schema, cameras, task, mode, episodes, seed, max_operator_samples, on_tick)
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=episodes, desc=f"{mode} rollouts {task}", unit="ep", dynamic_ncols=True)
+        hooks.bar = tqdm(total=episodes, desc=f"{mode} rollouts {task}", unit="ep", dynamic_ncols=True)
+    t0 = time.perf_counter()
+    try:
+        with store:
+            # a human watching and steering the twin: the robot's rate, on the real-time clock
+            report = run_episodes(twins, sources, ControllerConfig(hz=envs[0].robot.spec.control_hz, n_obs=n_obs),
+                                  hooks, lockstep=not realtime)
+    finally:
+        if hooks.bar is not None:
+            hooks.bar.close()
+        for env in envs:
+            env.close()
+    if report.interrupted:  # Ctrl-C: the episodes ended before are in the store, the open ones are not
+        raise KeyboardInterrupt
+    hooks.stats.wall_s = time.perf_counter() - t0
+    return hooks.stats
 
-    def start(i: int) -> None:
-        nonlocal next_episode
-        s = seed + next_episode
-        obs, _ = envs[i].reset(seed=s)
-        ops[i].reset()
-        ctls[i].reset()
-        execs[i].reset()
-        obs_now[i] = obs
-        windows[i] = [_env_obs(obs, obs_keys)] * n_obs
-        buffers[i], labels[i], op_steps[i] = [], [], 0
-        meta[i] = {"seed": s, "init_state": envs[i].sim_state().tolist(), "max_stage": 0}
-        active[i] = True
-        next_episode += 1
 
-    def finish(i: int, success: bool) -> None:
-        ctl = ctls[i]
-        ctl.finish()
-        n = len(buffers[i])
-        data = {k: np.stack([b[k] for b in buffers[i]]) for k in schema.keys}
+class _Collection:
+    """The episode loop's hooks for intervention collection: seeds in order, each step with its
+    label into a buffer, each ended episode into the store with its interventions, and the
+    operator-sample budget (no new episode, and no new takeover, once it is spent)."""
+
+    def __init__(self, twins: list[TaskTwin], ops: list[Operator], ctls: list[InterventionController],
+                 store: EpisodeStore, schema: Any, cameras: list[str], task: str, mode: str, episodes: int, seed: int,
+                 max_operator_samples: int | None, on_tick: Callable[[BimanualEnv, InterventionController], None] | None):
+        self.twins, self.ops, self.ctls, self.store, self.schema = twins, ops, ctls, store, schema
+        self.cameras, self.task, self.mode, self.episodes, self.seed = cameras, task, mode, episodes, seed
+        self.max_operator_samples, self.on_tick = max_operator_samples, on_tick
+        self.fps = twins[0].spec.control_hz
+        n = len(twins)
+        self.buffers: list[list[dict[str, np.ndarray]]] = [[] for _ in range(n)]
+        self.labels: list[list[int]] = [[] for _ in range(n)]
+        self.meta: list[dict[str, Any]] = [{} for _ in range(n)]
+        self.op_steps = [0] * n  # operator-commanded steps of each running episode
+        self.running = [False] * n
+        self.stats = CollectStats()
+        self.next_episode = 0
+        self.bar = None
+
+    def spent(self) -> bool:
+        """The operator-sample budget is used up, counting episodes still running."""
+        if self.max_operator_samples is None:
+            return False
+        running = sum(self.op_steps[i] for i in range(len(self.twins)) if self.running[i])
+        return self.stats.operator_samples + running >= self.max_operator_samples
+
+    def start(self, i: int) -> Episode | None:
+        if self.next_episode >= self.episodes or self.spent():
+            return None
+        s = self.seed + self.next_episode
+        self.next_episode += 1
+        self.twins[i].reset(s)
+        self.ops[i].reset()
+        self.buffers[i], self.labels[i], self.op_steps[i], self.running[i] = [], [], 0, True
+        self.meta[i] = {"seed": s, "init_state": self.twins[i].sim_state().tolist(), "max_stage": 0}
+        # budget reached while the policy drives: stop here, no new takeover
+        return Episode(stop=lambda: self.spent() and not self.ctls[i].in_control)
+
+    def step(self, i: int, obs: Any, executed: np.ndarray, segment: Segment, outcome: Outcome) -> None:
+        self.buffers[i].append(store_step(obs, executed, self.cameras))
+        self.labels[i].append(int(segment))
+        self.op_steps[i] += int(segment) in OPERATOR_LABELS
+        self.meta[i]["max_stage"] = outcome.max_stage
+        if self.on_tick is not None:
+            self.on_tick(self.twins[i].env, self.ctls[i])
+
+    def end(self, i: int, report: Any, outcome: Outcome | None) -> None:
+        self.running[i] = False
+        if report.interrupted or outcome is None:  # cut short by Ctrl-C: not an episode
+            return
+        ctl, op, labels = self.ctls[i], self.ops[i], self.labels[i]
+        n, success = len(self.buffers[i]), outcome.success
+        data = {k: np.stack([b[k] for b in self.buffers[i]]) for k in self.schema.keys}
         recs = [r.to_json() for r in ctl.interventions]
-        extra = {**meta[i], "mode": mode, "interventions": recs, "ignored_events": len(ctl.ignored_events)}
-        store.add_episode(data, np.arange(n) / fps, np.asarray(labels[i], dtype=np.int64),
-                          EpisodeMeta(task=task, success=success, source="intervention", operator=ops[i].name, extra=extra))
+        extra = {**self.meta[i], "mode": self.mode, "interventions": recs, "ignored_events": len(ctl.ignored_events)}
+        self.store.add_episode(data, np.arange(n) / self.fps, np.asarray(labels, dtype=np.int64),
+                               EpisodeMeta(task=self.task, success=success, source="intervention", operator=op.name,
+                                           extra=extra))
+        stats = self.stats
         stats.episodes += 1
         stats.successes += success
-        for lab in labels[i]:
+        for lab in labels:
             stats.steps[Segment(lab).name] += 1
         stats.interventions += len(recs)
         stats.episodes_with_intervention += bool(recs)
-        stats.operator_time_s += n / fps
+        stats.operator_time_s += n / self.fps
         for r in recs:
             kind = _reason_kind(r["reason"])
             stats.reasons[kind] = stats.reasons.get(kind, 0) + 1
-        active[i] = False
-        if bar is not None:
-            bar.update()
-            bar.set_postfix(interventions=stats.interventions, success=f"{stats.successes}/{stats.episodes}")
-
-    def spent() -> bool:
-        """The operator-sample budget is used up, counting episodes still running."""
-        if max_operator_samples is None:
-            return False
-        running = sum(op_steps[i] for i in range(n_envs) if active[i])
-        return stats.operator_samples + running >= max_operator_samples
-
-    t0 = time.perf_counter()
-    next_tick = t0
-    for i in range(n_envs):
-        start(i)
-    try:
-        with store:
-            while any(active):
-                if realtime:  # a human is watching and steering: run at the robot's rate, not faster
-                    next_tick = max(next_tick + 1.0 / fps, time.perf_counter())  # after a slow tick: no burst
-                    time.sleep(max(0.0, next_tick - time.perf_counter()))
-                policy_driven = [i for i in range(n_envs) if active[i] and not ctls[i].in_control]
-                predict_chunks(predict, policy_driven, windows, execs, obs_keys)
-                for i in range(n_envs):
-                    if not active[i]:
-                        continue
-                    env, ctl = envs[i], ctls[i]
-                    was_operator = ctl.in_control
-                    policy_action = None if was_operator else execs[i].next().astype(np.float32)
-                    action, label = ctl.step(policy_action, env.robot.time, env.task.stage(env.robot))
-                    if was_operator and not ctl.in_control and not ctl.done:
-                        execs[i].reset()  # HG-DAgger hand-back: the policy plans afresh from here
-                    prev = obs_now[i]
-                    obs, _, terminated, truncated, info = env.step(action)
-                    buffers[i].append(demo_step(prev, info["executed_action"], cameras))
-                    labels[i].append(int(label))
-                    op_steps[i] += int(label) in OPERATOR_LABELS
-                    meta[i]["max_stage"] = max(meta[i]["max_stage"], int(info["max_stage"]))
-                    obs_now[i] = obs
-                    windows[i] = windows[i][1:] + [_env_obs(obs, obs_keys)]
-                    if on_tick is not None:
-                        on_tick(env, ctl)
-                    if terminated or truncated or ctl.done:
-                        finish(i, bool(info["success"]))
-                        if next_episode < episodes and not spent():
-                            start(i)
-                    elif spent() and not ctl.in_control:
-                        finish(i, bool(info["success"]))  # budget reached: stop here, no new takeover
-    finally:
-        if bar is not None:
-            bar.close()
-        for env in envs:
-            env.close()
-    stats.wall_s = time.perf_counter() - t0
-    return stats
+        if self.bar is not None:
+            self.bar.update()
+            self.bar.set_postfix(interventions=stats.interventions, success=f"{stats.successes}/{stats.episodes}")
 
 
 def collect_expert_demos(task: str, out: str | Path, seed: int, max_samples: int, max_episodes: int = 10_000,

@@ -16,20 +16,23 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
+from robo_rl.data.schema import IMAGE_PREFIX
 from robo_rl.errors import ConfigError
-from robo_rl.runtime.chunking import ChunkExecutor, ChunkingConfig
-from robo_rl.sim.envs import BimanualEnv
+from robo_rl.hardware.robot import Observation
+from robo_rl.runtime.chunking import ChunkingConfig
+from robo_rl.runtime.controller import ControllerConfig
+from robo_rl.runtime.episodes import Episode, LockstepChunks, Outcome, run_episodes
+from robo_rl.sim.envs import BimanualEnv, TaskTwin
 from robo_rl.sim.operator import RecoveryCounter
 
 PredictFn = Callable[[Mapping[str, np.ndarray]], np.ndarray]
-IMAGE_PREFIX = "obs/images/"
 
 
 class EpisodeRecorder(Protocol):
     """What `evaluate_policy` tells a recorder (e.g. critic_data.RolloutRecorder) about env i."""
 
-    def begin(self, i: int, env: BimanualEnv, obs: Mapping[str, Any], seed: int) -> None: ...
-    def step(self, i: int, obs: Mapping[str, Any], info: Mapping[str, Any]) -> None: ...
+    def begin(self, i: int, twin: TaskTwin, seed: int) -> None: ...
+    def step(self, i: int, obs: Observation, executed: np.ndarray, outcome: Outcome) -> None: ...
     def end(self, i: int, success: bool, max_stage: int, length: int) -> None: ...
 
 
@@ -103,30 +106,6 @@ class EvalSummary:
                 "per_episode": [e.__dict__ for e in self.episodes]}
 
 
-def _env_obs(obs: Mapping[str, Any], keys: Sequence[str]) -> dict[str, np.ndarray]:
-    out = {}
-    for k in keys:
-        if k.startswith(IMAGE_PREFIX):
-            out[k] = obs["images"][k[len(IMAGE_PREFIX):]]
-        else:
-            name = k.split("/", 1)[1] if k.startswith("obs/") else k
-            if name not in obs:
-                raise ConfigError(f"the policy reads {k!r}, which the twin's observation does not have ({sorted(obs)})")
-            out[k] = obs[name]
-    return out
-
-
-def predict_chunks(predict: PredictFn, envs: Sequence[int], windows: Sequence[Sequence[Mapping[str, np.ndarray]]],
-                   execs: Sequence[ChunkExecutor], obs_keys: Sequence[str]) -> None:
-    """One batched policy call for those of `envs` whose executor needs a new chunk."""
-    need = [i for i in envs if execs[i].needs_prediction()]
-    if need:
-        batch = {k: np.stack([np.stack([w[k] for w in windows[i]]) for i in need]) for k in obs_keys}
-        chunks = predict(batch)
-        for j, i in enumerate(need):
-            execs[i].push(chunks[j])
-
-
 def evaluate_policy(
     predict: PredictFn,
     task: str,
@@ -148,7 +127,7 @@ def evaluate_policy(
     disturb: bool = True,
 ) -> EvalSummary:
     """Run `episodes` episodes (seeds seed, seed+1, ...) on `n_envs` envs in lockstep, with the
-    task's disturbances (`disturb`)."""
+    task's disturbances (`disturb`), through the episode loop (robo_rl/runtime/episodes.py)."""
     if episodes < 1 or n_envs < 1:
         raise ConfigError(f"evaluate: episodes and n_envs must be >= 1 (got {episodes}, {n_envs})")
     cameras = [k[len(IMAGE_PREFIX):] for k in obs_keys if k.startswith(IMAGE_PREFIX)]
@@ -158,89 +137,85 @@ def evaluate_policy(
     envs = [BimanualEnv(task, obs_mode=obs_mode, cameras=cameras or ("top",), image_size=size,
                         render_mode="rgb_array" if (i == 0 and videos) else None, max_steps=max_steps, disturb=disturb)
             for i in range(n_envs)]
-    stage_names = envs[0].task.stage_names
-    execs = [ChunkExecutor(chunking, horizon) for _ in envs]
-    counters = [RecoveryCounter(env) for env in envs] if count_recoveries else None
-    windows: list[list[dict[str, np.ndarray]]] = [[] for _ in envs]
-    active = [False] * n_envs
-    seeds = [0] * n_envs
-    lengths = [0] * n_envs
-    max_stage = [0] * n_envs
-    disturbed = [False] * n_envs
-    frames: list[list[np.ndarray] | None] = [None] * n_envs
-    results: list[EpisodeResult] = []
-    video_paths: list[str] = []
-    next_episode = 0
-    videos_started = 0  # env 0 records its first `videos` episodes
-    bar = None
+    twins = [TaskTwin(env) for env in envs]
+    hooks = _Evaluation(twins, episodes, seed, stop_on_success, recorder, videos, video_dir,
+                        [RecoveryCounter(env) for env in envs] if count_recoveries else None)
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=episodes, desc=f"eval {task}", unit="ep", dynamic_ncols=True)
-
-    def start(i: int) -> None:
-        nonlocal next_episode, videos_started
-        seeds[i] = seed + next_episode
-        obs, _ = envs[i].reset(seed=seeds[i])
-        execs[i].reset()
-        if counters:
-            counters[i].reset()
-        windows[i] = [_env_obs(obs, obs_keys)] * n_obs  # pad with the first frame, as the sampler does
-        lengths[i], max_stage[i], disturbed[i], active[i] = 0, 0, False, True
-        if recorder is not None:
-            recorder.begin(i, envs[i], obs, seeds[i])
-        frames[i] = None
-        if i == 0 and videos_started < videos:
-            frames[i] = [envs[i].render()]
-            videos_started += 1
-        next_episode += 1
-
+        hooks.bar = tqdm(total=episodes, desc=f"eval {task}", unit="ep", dynamic_ncols=True)
+    sources = LockstepChunks(predict, chunking, horizon, n_envs, obs_keys, n_obs)
     t0 = time.perf_counter()
-    for i in range(n_envs):
-        start(i)
     try:
-        while any(active):
-            predict_chunks(predict, [i for i in range(n_envs) if active[i]], windows, execs, obs_keys)
-            for i in range(n_envs):
-                if not active[i]:
-                    continue
-                obs, _, terminated, truncated, info = envs[i].step(execs[i].next().astype(np.float32))
-                if counters:
-                    counters[i].update(info["executed_action"])
-                if recorder is not None:
-                    recorder.step(i, obs, info)
-                lengths[i] += 1
-                max_stage[i] = max(max_stage[i], int(info["max_stage"]))
-                disturbed[i] = disturbed[i] or info["disturbance"] is not None
-                windows[i] = windows[i][1:] + [_env_obs(obs, obs_keys)]
-                if frames[i] is not None:
-                    frames[i].append(envs[i].render())
-                if (terminated and stop_on_success) or truncated:
-                    results.append(EpisodeResult(seeds[i], bool(info["success"]), max_stage[i], lengths[i],
-                                                 counters[i].count if counters else 0, disturbed[i]))
-                    if recorder is not None:
-                        recorder.end(i, bool(info["success"]), max_stage[i], lengths[i])
-                    if frames[i] is not None and video_dir is not None:
-                        video_paths.append(_write_video(frames[i], Path(video_dir), seeds[i], bool(info["success"]),
-                                                        envs[i].metadata["render_fps"]))
-                    frames[i] = None
-                    active[i] = False
-                    if bar is not None:
-                        bar.update()
-                        bar.set_postfix(success=f"{sum(r.success for r in results)}/{len(results)}")
-                    if next_episode < episodes:
-                        start(i)
+        run_episodes(twins, sources, ControllerConfig(hz=envs[0].robot.spec.control_hz, n_obs=n_obs), hooks,
+                     lockstep=True)
     finally:
-        if bar is not None:
-            bar.close()
+        if hooks.bar is not None:
+            hooks.bar.close()
         for env in envs:
             env.close()
-    results.sort(key=lambda r: r.seed)
-    return EvalSummary(task, results, stage_names, time.perf_counter() - t0, video_paths)
+    hooks.results.sort(key=lambda r: r.seed)
+    return EvalSummary(task, hooks.results, envs[0].task.stage_names, time.perf_counter() - t0, hooks.video_paths)
+
+
+class _Evaluation:
+    """The episode loop's hooks for evaluation: seeds in order, a result per episode, recovery
+    counts, a recorder's steps, and env 0's first `videos` episodes as H.264."""
+
+    def __init__(self, twins: list[TaskTwin], episodes: int, seed: int, stop_on_success: bool,
+                 recorder: EpisodeRecorder | None, videos: int, video_dir: str | Path | None,
+                 counters: list[RecoveryCounter] | None):
+        self.twins, self.episodes, self.seed, self.stop_on_success = twins, episodes, seed, stop_on_success
+        self.recorder, self.videos, self.video_dir, self.counters = recorder, videos, video_dir, counters
+        self.next_episode = self.videos_started = 0
+        self.seeds = [0] * len(twins)
+        self.frames: list[list[np.ndarray] | None] = [None] * len(twins)
+        self.results: list[EpisodeResult] = []
+        self.video_paths: list[str] = []
+        self.bar = None
+
+    def start(self, i: int) -> Episode | None:
+        if self.next_episode >= self.episodes:
+            return None
+        twin, self.seeds[i] = self.twins[i], self.seed + self.next_episode
+        self.next_episode += 1
+        twin.reset(self.seeds[i])
+        if self.counters:
+            self.counters[i].reset()
+        if self.recorder is not None:
+            self.recorder.begin(i, twin, self.seeds[i])
+        self.frames[i] = None
+        if i == 0 and self.videos_started < self.videos:  # env 0 records its first `videos` episodes
+            self.frames[i] = [twin.env.render()]
+            self.videos_started += 1
+        return Episode(end_on_success=self.stop_on_success)
+
+    def step(self, i: int, obs: Observation, executed: np.ndarray, segment: Any, outcome: Outcome) -> None:
+        if self.counters:
+            self.counters[i].update(executed)
+        if self.recorder is not None:
+            self.recorder.step(i, obs, executed, outcome)
+        if self.frames[i] is not None:
+            self.frames[i].append(self.twins[i].env.render())
+
+    def end(self, i: int, report: Any, outcome: Outcome) -> None:
+        length = report.ticks
+        self.results.append(EpisodeResult(self.seeds[i], outcome.success, outcome.max_stage, length,
+                                          self.counters[i].count if self.counters else 0, outcome.disturbed))
+        if self.recorder is not None:
+            self.recorder.end(i, outcome.success, outcome.max_stage, length)
+        if self.frames[i] is not None and self.video_dir is not None:
+            env = self.twins[i].env
+            self.video_paths.append(_write_video(self.frames[i], Path(self.video_dir), self.seeds[i], outcome.success,
+                                                 env.metadata["render_fps"]))
+        self.frames[i] = None
+        if self.bar is not None:
+            self.bar.update()
+            self.bar.set_postfix(success=f"{sum(r.success for r in self.results)}/{len(self.results)}")
 
 
 def _write_video(frames: list[np.ndarray], out_dir: Path, seed: int, success: bool, fps: float) -> str:
-    from robo_rl.data.video import Mp4Writer
+    from robo_rl.data.codecs import Mp4Writer
 
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"seed{seed}_{'success' if success else 'fail'}.mp4"
