@@ -1,5 +1,6 @@
-"""robo-rl deploy: a trained policy on the twin or on ROS 2 arms through the fixed-rate Controller
-(robo_rl/runtime/controller.py) with the safety filter and watchdog of robo_rl/hardware/safety.py."""
+"""robo-rl deploy: a trained policy on the twin or on ROS 2 arms through the episode loop
+(robo_rl/runtime/episodes.py) on its real-time clock, with the safety filter and watchdog of
+robo_rl/hardware/safety.py."""
 
 from __future__ import annotations
 
@@ -57,12 +58,55 @@ def watch_estop_key(estop: Any) -> Any:
     return done
 
 
-def live_step(live: Any) -> Any:
-    """view=true: the Controller's on_record hands each step to the live Rerun view (never blocks)."""
-    from robo_rl.data.schema import Segment
-    from robo_rl.data.viewer import observation_values
+class DeploySession:
+    """The episode loop's hooks for deploy: `episodes` episodes of up to `duration` s, each with a
+    fresh safety filter and watchdog; the twin in this process starts each from its next seed, a
+    twin served over DDS (sim-bridge task=...) is asked to reset and says when its task ended;
+    each step goes to the live view (view=true; never blocks)."""
 
-    return lambda obs, command: live.step(observation_values(obs, command), Segment.POLICY)
+    def __init__(self, cfg: DictConfig, robot: Any, client: Any, episodes: int, duration: float,
+                 make_safety: Any, live: Any):
+        self.cfg, self.robot, self.client, self.episodes, self.duration = cfg, robot, client, episodes, duration
+        self.make_safety, self.live = make_safety, live
+        self.k, self.served, self.outcomes = 0, None, []
+
+    def start(self, i: int) -> Any:
+        from robo_rl.runtime.episodes import Episode
+
+        if self.k >= self.episodes:
+            return None
+        k, cfg, robot = self.k, self.cfg, self.robot
+        limit, stop, self.served = self.duration, None, None
+        if cfg.robot == "sim" and k > 0:
+            robot.reset(int(cfg.seed) + k)
+        elif self.client is not None:
+            self.served = self.client.start(k)
+            if self.served is not None:  # the twin reset its task: run on its fresh state, up to its time limit
+                if not robot.wait_for_fresh(time.monotonic()):
+                    raise ConfigError("deploy: the twin reset its task but no fresh joint states or frames "
+                                      "followed within 2 s")
+                limit = float(self.served["max_s"]) + 1.0
+                stop = (lambda: self.client.ended(k) is not None)
+        safety, watchdog = self.make_safety()
+        # the episode's limits rule (as on a real robot): the twin's own verdict does not end it
+        return Episode(max_ticks=int(round(limit * robot.spec.control_hz)), stop=stop, safety=safety,
+                       watchdog=watchdog, end_on_success=False, end_on_time_limit=False)
+
+    def step(self, i: int, obs: Any, executed: Any, segment: Any, outcome: Any) -> None:
+        if self.live is not None:
+            from robo_rl.data.viewer import observation_values
+
+            self.live.step(observation_values(obs, executed), segment)
+
+    def end(self, i: int, report: Any, outcome: Any) -> None:
+        if self.cfg.robot == "sim":
+            self.outcomes.append({"seed": int(self.cfg.seed) + self.k, "success": self.robot.success,
+                                  "stage": self.robot.env.task.stage_names[self.robot.max_stage], "ticks": report.ticks})
+        elif self.served is not None:
+            ended = self.client.end(self.k)
+            if ended is not None:
+                self.outcomes.append(ended)
+        self.k += 1
 
 
 def run(cfg: DictConfig) -> int:
@@ -71,7 +115,8 @@ def run(cfg: DictConfig) -> int:
     from robo_rl.cli.session import check_live_view, open_live_view, print_live_summary
     from robo_rl.hardware.safety import EStop, SafetyConfig, SafetyFilter, Watchdog
     from robo_rl.policies import load_policy, read_checkpoint
-    from robo_rl.runtime.controller import Controller, observation_window
+    from robo_rl.runtime.controller import observation_window
+    from robo_rl.runtime.episodes import run_episodes
 
     if not cfg.checkpoint:
         raise ConfigError("deploy: pass checkpoint=PATH (a policy trained with robo-rl train)")
@@ -128,32 +173,10 @@ def run(cfg: DictConfig) -> int:
         print(f"deploy {policy.name} on {cfg.robot} at {ctl_cfg.hz:.0f} Hz, {episodes} episode(s) of up to "
               f"{float(duration):g} s (space: e-stop{'' if cfg.robot == 'sim' else f', or True on {cfg.estop_topic}'}; "
               "Ctrl-C stops)", flush=True)
-        for k in range(episodes):
-            limit, stop, served = float(duration), None, None
-            if cfg.robot == "sim" and k > 0:
-                robot.reset(int(cfg.seed) + k)
-            elif client is not None:
-                served = client.start(k)
-                if served is not None:  # the twin reset its task: run on its fresh state, up to its time limit
-                    if not robot.wait_for_fresh(time.monotonic()):
-                        raise ConfigError("deploy: the twin reset its task but no fresh joint states or frames "
-                                          "followed within 2 s")
-                    limit = float(served["max_s"]) + 1.0
-                    stop = (lambda k=k: client.ended(k) is not None)
-            controller = Controller(robot, predict, ctl_cfg, on_record=None if live is None else live_step(live),
-                                    safety=SafetyFilter(robot.spec, safety_cfg), watchdog=Watchdog(safety_cfg),
-                                    estop=estop)
-            episode_report = controller.run(limit, stop=stop)
-            report = episode_report if report is None else report.add(episode_report)
-            if cfg.robot == "sim":
-                outcomes.append({"seed": int(cfg.seed) + k, "success": robot.success,
-                                 "stage": robot.env.task.stage_names[robot.max_stage], "ticks": episode_report.ticks})
-            elif served is not None:
-                ended = client.end(k)
-                if ended is not None:
-                    outcomes.append(ended)
-            if episode_report.stopped_reason or episode_report.interrupted:
-                break
+        session = DeploySession(cfg, robot, client, episodes, float(duration),
+                                lambda: (SafetyFilter(robot.spec, safety_cfg), Watchdog(safety_cfg)), live)
+        report = run_episodes([robot], predict, ctl_cfg, session, estop=estop)
+        outcomes = session.outcomes
     finally:
         if keys is not None:
             keys.set()

@@ -200,7 +200,7 @@ def as_sources(source: Any, config: ControllerConfig, n_robots: int = 1,
                make_window: Callable[[list[Any]], dict[str, np.ndarray]] | None = None) -> Any:
     """Sources from what a caller has: Sources as they are; one robot's action source (`action`);
     or a bare `predict(window)` function, which becomes a thread-predicting PolicyChunks."""
-    if hasattr(source, "actions"):
+    if callable(getattr(source, "actions", None)):  # (RecordedActions keeps its recording in `.actions`)
         return source
     if hasattr(source, "action"):
         return PerRobot([source])
