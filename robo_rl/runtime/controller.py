@@ -1,12 +1,14 @@
-"""The fixed-rate control loop: a robot commanded every tick by an action source: a policy
-thinking in its own thread (PolicyChunks), a human on a teleop device, or both under the RaC
-intervention protocol (robo_rl/runtime/sources.py).
+"""The real-time parts of the control loop: a robot commanded every tick by an action source: a
+policy thinking in its own thread (PolicyChunks), a human on a teleop device, or both under the
+RaC intervention protocol (robo_rl/runtime/sources.py). The loop itself is the episode loop
+(robo_rl/runtime/episodes.py); a `Controller` run is one episode of it on the real-time clock.
 
 Three cadences, kept apart:
 - command: the loop ticks at `hz` against absolute deadlines (t0 + k / hz), so a late tick never
   shifts the ones after it; it sleeps until just before a deadline and spins the rest.
-- inference (PolicyChunks): a worker thread predicts a chunk from the newest observation window whenever the
-  current chunk has `n_action_steps` or fewer actions left to run. The loop never waits for it.
+- inference (PolicyChunks): a worker thread predicts a chunk from the newest observation window
+  whenever the current chunk has `n_action_steps` or fewer actions left to run. The loop never
+  waits for it.
 - recording: `on_record(obs, executed)` is called at `record_hz` (default: `hz`), on the record
   clock, so a dataset is written at its declared fps whatever the command rate.
 
