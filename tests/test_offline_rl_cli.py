@@ -38,6 +38,7 @@ def test_each_agent_trains_evaluates_and_reports(dataset, tmp_path, agent, extra
     assert expected_env in res["env"]
 
 
+@pytest.mark.slow  # ~22 s (AMD EPYC, AVX2); each agent's train-evaluate run is in the default set
 def test_resume_continues_and_refuses_to_overwrite(dataset, tmp_path):
     run = tmp_path / "run"
     args = ["offline-rl", "agent=fql", f"dataset={dataset}", f"run_dir={run}", *TINY]
@@ -52,6 +53,7 @@ def test_resume_continues_and_refuses_to_overwrite(dataset, tmp_path):
     assert steps == [5, 10]
 
 
+@pytest.mark.slow  # ~15 s (AMD EPYC, AVX2); test_utd.py's test_utd_fit_cli covers the fit from a sweep
 def test_multirun_sweep_feeds_utd_fit(dataset, tmp_path):
     sweep = tmp_path / "sweep"
     r = robo_rl_cli("offline-rl", "-m", "agent=fql", f"dataset={dataset}", "steps=5", "eval.episodes=0",

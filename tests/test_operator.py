@@ -87,6 +87,7 @@ def test_a_grasp_closing_on_nothing_is_taken_over():
     assert ctl.done and info["stage"] >= 1
 
 
+@pytest.mark.slow  # ~19 s (AMD EPYC, AVX2); the dropped-cube test covers recovery then correction by default
 def test_long_horizon_lid_knocked_off_is_corrected():
     """PackCube: the policy lets go of the lid in mid-air; the operator recovers and re-seats it."""
     def drop_lid(env, a, k):

@@ -408,6 +408,7 @@ def test_a_non_finite_loss_stops_training_and_is_never_checkpointed(tmp_path):
     assert all(torch.isfinite(v).all() for v in saved["model"].values() if v.is_floating_point())
 
 
+@pytest.mark.slow  # ~22 s (AMD EPYC, AVX2); the atomic checkpoint write is also checked by the resume tests
 def test_kill_during_checkpoint_leaves_last_good(tmp_path):
     rng = random.Random(0)
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
@@ -571,6 +572,7 @@ def test_commands_reject_bad_input_in_one_line(tmp_path):
     assert r.returncode == 2 and "unknown" in r.stderr
 
 
+@pytest.mark.slow  # ~10 s (AMD EPYC, AVX2): two processes under torchrun
 def test_ddp_under_torchrun(tmp_path):
     """Two CPU processes (gloo) train the same policy; rank 0 checkpoints; weights stay in sync."""
     store = smooth_store(tmp_path / "store")

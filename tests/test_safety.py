@@ -164,7 +164,7 @@ def test_safety_config_from_yaml_and_bad_values(tmp_path):
 
 
 def test_safety_needs_no_mujoco():
-    """hardware never imports mujoco (DESIGN.md): the filter and the DDS transport run on a robot's own computer."""
+    """hardware never imports mujoco (docs/design.md): the filter and the DDS transport run on a robot's own computer."""
     code = "import sys, robo_rl.hardware.safety, robo_rl.hardware.ros2.dds; print('mujoco' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "False", r.stdout + r.stderr

@@ -1,4 +1,4 @@
-"""The dependency arrows of the README's Layout section ("dependencies point down"), checked on
+"""The dependency arrows of docs/design.md ("dependencies point down"), checked on
 every import in the package, module level and inside functions alike: a module that imports
 against them fails here, naming the file, the line and the arrow."""
 

@@ -77,7 +77,7 @@ def test_arrow_and_function_keys_are_not_letters(pty_keys):
 
 
 def test_the_teleop_devices_need_no_mujoco():
-    """hardware never imports mujoco (DESIGN.md): the devices work on a robot's own computer."""
+    """hardware never imports mujoco (docs/design.md): the devices work on a robot's own computer."""
     code = "import sys, robo_rl.hardware.teleop; print('mujoco' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "False", r.stdout + r.stderr
@@ -152,6 +152,7 @@ def test_a_human_at_the_keyboard_takes_over_recovers_and_corrects_in_the_twin(pt
     assert steps[first - 1:first + 2].max() < 0.06  # no jump when control changes hands
 
 
+@pytest.mark.slow  # ~25 s (AMD EPYC, AVX2); by default test_record_interventions_on_a_policy_with_the_rac_keys drives the same keys
 def test_rac_with_a_human_at_the_keyboard_through_the_cli(tmp_path):
     """`robo-rl rac operator=keyboard` in a real terminal: the human's keys (typed into a pty once
     the rollout prompt appears) take over, end recovery and end the correction; the episode is

@@ -21,7 +21,7 @@ from robo_rl.rl.utd import (BatchModelLaw, DataLaw, PowerLaw, SweepResult, compu
 
 SIGMAS = [0.5, 1.0, 2.0, 4.0, 8.0, 16.0]
 MODELS = [1e5, 3e5, 1e6, 3e6, 1e7]
-# SAC on Gym (ALGORITHMS.md §5): alpha_B = 0.310, alpha_lr = 0.285
+# SAC on Gym (Fu et al. 2025, arXiv 2508.14881): alpha_B = 0.310, alpha_lr = 0.285
 B_LAW = PowerLaw(256.0, -0.310)
 LR_LAW = PowerLaw(3e-4, -0.285)
 D_LAW = DataLaw(d_min=2e4, a=3e6, alpha=0.8, b=5e13, beta=0.6)

@@ -48,7 +48,7 @@ def record_demos(task: str, out: Path, episodes: int, seed: int, cameras: list[s
     `cameras` rendered at `image_size`, for a camera policy)."""
     from robo_rl.data.recorder import Recorder
     from robo_rl.data.schema import EpisodeMeta
-    from robo_rl.sim.recording import demo_step, recording_env
+    from robo_rl.sim.recording import expert_episode, recording_env
 
     cameras = list(cameras or [])
     env, schema = recording_env(task, cameras, image_size)
@@ -57,23 +57,16 @@ def record_demos(task: str, out: Path, episodes: int, seed: int, cameras: list[s
     with Recorder(out, schema, overwrite=True) as rec:
         bar = tqdm(total=episodes, desc=f"1/6 teleop {task} (scripted expert)", unit="ep")
         while kept < episodes and tries < 2 * episodes:
-            obs, _ = env.reset(seed=seed + tries)
-            expert = env.expert()
-            rec.start_episode(EpisodeMeta(task=task, source="teleop", operator="scripted_expert",
-                                          extra={"seed": seed + tries, "init_state": env.sim_state().tolist()}))
+            data, ok, facts = expert_episode(env, seed + tries, None, cameras)
             tries += 1
-            for k in range(env.max_steps):
-                prev = obs
-                obs, _, terminated, truncated, info = env.step(expert.act())
-                rec.add_step(demo_step(prev, info["executed_action"], cameras), timestamp=k / fps, segment="TELEOP")
-                if terminated or truncated:
-                    break
-            if info["success"]:
-                rec.end_episode(success=True)
-                kept += 1
-                bar.update()
-            else:
-                rec.discard_episode()  # keep successful demos only, as ALOHA does
+            if not ok:  # keep successful demos only, as ALOHA does
+                continue
+            rec.start_episode(EpisodeMeta(task=task, source="teleop", operator="scripted_expert", extra=facts))
+            for k in range(len(data["action"])):
+                rec.add_step({key: v[k] for key, v in data.items()}, timestamp=k / fps, segment="TELEOP")
+            rec.end_episode(success=True)
+            kept += 1
+            bar.update()
         bar.close()
     env.close()
     stats = rec.stats()

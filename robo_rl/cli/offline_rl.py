@@ -23,7 +23,7 @@ AGENT_NAMES = ("floq", "fql", "sharsa")
 
 
 def main(argv: list[str]) -> int:
-    # `agent=NAME` is the documented spelling; the config group itself is rl/ (DESIGN.md).
+    # `agent=NAME` is the documented spelling; the config group itself is rl/ (docs/design.md).
     argv = [re.sub(r"^agent=", "rl=", a) for a in argv]
     return run_app("offline-rl", "offline_rl", run, argv)
 
@@ -264,7 +264,7 @@ def run(cfg: DictConfig) -> int:
                              checkpoint_every=int(cfg.checkpoint_every), max_minutes=float(cfg.max_minutes),
                              seed=int(cfg.seed))
     n_params = sum(p.numel() for p in agent.parameters())
-    # UTD laws' N is the critic's size (ALGORITHMS.md §5): the trained value networks, no targets or actors
+    # UTD laws' N is the critic's size (Fu et al. 2025, arXiv 2508.14881): the trained value networks, no targets or actors
     critics = ("critic", "floq", "distilled", "value", "low_critic", "low_value")
     n_critic = sum(p.numel() for c in critics if hasattr(agent, c) for p in getattr(agent, c).parameters())
     extra = {"agent": cfg.rl.name, "dataset": str(path), "env": name, "sigma": 1.0, "n_params": n_critic,

@@ -26,7 +26,7 @@ IMAGE_PREFIX = "obs/images/"
 
 
 class Segment(enum.IntEnum):
-    """Who produced a step. RaC's labels are RECOVERY and CORRECTION (see ALGORITHMS.md §2)."""
+    """Who produced a step. RaC's labels are RECOVERY and CORRECTION (Hu et al. 2025, arXiv 2509.07953)."""
 
     TELEOP = 0
     POLICY = 1

@@ -1,5 +1,5 @@
 """Normalisation statistics: computed once over a store's committed steps, saved inside it, and
-carried by policies in their checkpoints (ALGORITHMS.md §1: actions to [-1, 1] per dimension)."""
+carried by policies in their checkpoints (as diffusion_policy does: actions to [-1, 1] per dimension)."""
 
 from __future__ import annotations
 

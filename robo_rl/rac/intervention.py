@@ -1,4 +1,4 @@
-"""The RaC intervention protocol (ALGORITHMS.md §2) as a state machine over control ticks.
+"""The RaC intervention protocol (Hu et al. 2025, arXiv 2509.07953) as a state machine over control ticks.
 
     AUTONOMOUS --take_over--> RECOVERY --recovery_done--> CORRECTION --correction_done--> END
                                                                       (hg_dagger: back to AUTONOMOUS)

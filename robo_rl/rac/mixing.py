@@ -1,4 +1,4 @@
-"""Data composition for fine-tuning on intervention data (ALGORITHMS.md §2).
+"""Data composition for fine-tuning on intervention data (RaC: Hu et al. 2025, arXiv 2509.07953).
 
 Which steps train, and how much each counts, is one weight per step over the union of the
 pre-training demos and the intervention episodes. Three groups of steps:

@@ -1,6 +1,6 @@
 """Networks shared by the offline-RL agents (floq, FQL, SHARSA).
 
-Written to match the JAX/flax references numerically in kind (ALGORITHMS.md, "PyTorch parity"):
+Written to match the JAX/flax references numerically in kind (PyTorch parity with the papers' JAX code):
 GELU is the tanh approximation, LayerNorm eps is 1e-6 and comes after each hidden activation,
 kernels are Glorot-uniform (fan_avg) with zero biases, and ensemble members are initialised
 independently.

@@ -1,5 +1,5 @@
 """SHARSA and double SHARSA: horizon reduction for offline goal-conditioned RL (Park et al. 2025,
-arXiv 2506.04168; ALGORITHMS.md §4). Rewards are 0/1, so every value lives in [0, 1].
+arXiv 2506.04168). Rewards are 0/1, so every value lives in [0, 1].
 
 Two levels share one goal space (`rep`: OGBench's `oracle_reps` when the dataset has them, e.g.
 cube positions, else full observations):

@@ -1,5 +1,5 @@
 """The simulated operator: the twin's stand-in for the human who intervenes during a policy
-rollout in RaC (ALGORITHMS.md §2).
+rollout in RaC (Hu et al. 2025, arXiv 2509.07953).
 
 It watches with privileged state and takes over when failure looks imminent:
 - stage regressed: a sub-task that was done came undone for `regress_s` (object dropped, lid

@@ -7,7 +7,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from robo_rl.data.schema import Schema
+from robo_rl.data.schema import Schema, Segment
 from robo_rl.errors import ConfigError
 
 
@@ -44,18 +44,64 @@ def demo_step(obs: Mapping[str, Any], executed: np.ndarray, cameras: Sequence[st
     return step
 
 
+class ExpertCommands:
+    """The task's scripted expert as an action source for the episode loop: planned from the scene
+    as the episode starts, then one command per tick."""
+
+    segment = Segment.TELEOP
+
+    def __init__(self, env: Any, noise: Any = None):
+        self.env, self.noise, self.expert = env, noise, None
+
+    def begin(self) -> None:
+        self.expert = self.env.expert(self.noise)
+
+    def action(self, deadline: float, history: list[Any], report: Any) -> np.ndarray:
+        return self.expert.act()
+
+    def close(self) -> None:
+        pass
+
+
+class _OneExpertEpisode:
+    """The episode loop's hooks for one scripted-expert episode from `seed`: each step kept."""
+
+    def __init__(self, twin: Any, seed: int, cameras: Sequence[str]):
+        self.twin, self.seed, self.cameras = twin, seed, list(cameras)
+        self.steps: list[dict[str, np.ndarray]] = []
+        self.facts: dict[str, Any] = {}
+        self.success, self.started = False, False
+
+    def start(self, i: int) -> Any:
+        from robo_rl.runtime.episodes import Episode
+
+        if self.started:
+            return None
+        self.started = True
+        self.twin.reset(self.seed)
+        self.facts = {"seed": self.seed, "init_state": self.twin.sim_state().tolist(), "max_stage": 0}
+        return Episode()  # to success or the task's time limit
+
+    def step(self, i: int, obs: Any, executed: np.ndarray, segment: Any, outcome: Any) -> None:
+        from robo_rl.runtime.episodes import store_step
+
+        self.steps.append(store_step(obs, executed, self.cameras))
+
+    def end(self, i: int, report: Any, outcome: Any) -> None:
+        self.success, self.facts["max_stage"] = bool(outcome.success), int(outcome.max_stage)
+
+
 def expert_episode(env, seed: int, noise: Any, cameras: Sequence[str] = ()) -> tuple[dict[str, np.ndarray], bool, dict[str, Any]]:
-    """One scripted-expert episode from `seed`: its store steps stacked per key (with the demo
-    schema's keys), whether it succeeded, and what replay needs (seed, initial physics state,
-    furthest stage)."""
-    obs, _ = env.reset(seed=seed)
-    facts = {"seed": seed, "init_state": env.sim_state().tolist(), "max_stage": 0}
-    expert, steps, info = env.expert(noise), [], {"success": False, "max_stage": 0}
-    for _ in range(env.max_steps):
-        prev = obs
-        obs, _, terminated, truncated, info = env.step(expert.act())
-        steps.append(demo_step(prev, info["executed_action"], cameras))
-        if terminated or truncated:
-            break
-    facts["max_stage"] = int(info["max_stage"])
-    return {k: np.stack([s[k] for s in steps]) for k in steps[0]}, bool(info["success"]), facts
+    """One scripted-expert episode from `seed`, run by the episode loop in lockstep: its store
+    steps stacked per key (with the demo schema's keys), whether it succeeded, and what replay
+    needs (seed, initial physics state, furthest stage)."""
+    from robo_rl.runtime.controller import ControllerConfig
+    from robo_rl.runtime.episodes import run_episodes
+    from robo_rl.sim.envs import TaskTwin
+
+    twin = TaskTwin(env)
+    hooks = _OneExpertEpisode(twin, seed, cameras)
+    run_episodes([twin], ExpertCommands(env, noise), ControllerConfig(hz=env.robot.spec.control_hz, n_obs=1), hooks,
+                 lockstep=True)
+    steps = hooks.steps
+    return {k: np.stack([s[k] for s in steps]) for k in steps[0]}, hooks.success, hooks.facts

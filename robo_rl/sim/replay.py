@@ -18,7 +18,7 @@ from robo_rl.data.schema import SEGMENT_KEY, TIMESTAMP_KEY, EpisodeMeta
 from robo_rl.data.store import EpisodeStore
 from robo_rl.errors import ConfigError
 from robo_rl.sim.envs import BimanualEnv
-from robo_rl.sim.tasks import make_task
+from robo_rl.sim.tasks import TASKS, make_task
 
 QPOS_KEY, ENV_STATE_KEY, ACTION_KEY = "obs/qpos", "obs/env_state", "action"
 
@@ -26,7 +26,7 @@ QPOS_KEY, ENV_STATE_KEY, ACTION_KEY = "obs/qpos", "obs/env_state", "action"
 def episode_task(store: EpisodeStore, i: int, meta: EpisodeMeta, override: str | None) -> str:
     task = override or meta.task
     if not task:
-        raise ConfigError(f"{store.location}: episode {i} names no task; pass task=transfer_cube|insertion|pack_cube")
+        raise ConfigError(f"{store.location}: episode {i} names no task; pass task=" + "|".join(TASKS))
     make_task(task)  # unknown task -> ConfigError naming the known ones
     return task
 
