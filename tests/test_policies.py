@@ -186,7 +186,10 @@ def test_image_encoder_crop_and_resnet():
 
 
 # --------------------------------------------------------------------------- training
-@pytest.mark.parametrize("name,options", [("flow", TINY), ("diffusion", TINY), ("flow", TINY_DIT), ("flow", TINY_MLP)],
+# the U-Net rows take ~10 s each on an AVX2-only CPU: -m slow (the U-Net's frozen sampler is checked by default)
+@pytest.mark.parametrize("name,options", [pytest.param("flow", TINY, marks=pytest.mark.slow),
+                                          pytest.param("diffusion", TINY, marks=pytest.mark.slow),
+                                          ("flow", TINY_DIT), ("flow", TINY_MLP)],
                          ids=["flow-unet", "diffusion-unet", "flow-dit", "flow-mlp"])
 def test_losses_decrease(tmp_path, name, options):
     torch.manual_seed(0)
