@@ -1,7 +1,7 @@
 """A writer process for the crash tests: appends generated episodes forever, printing
 'committed N' after each commit, until it is killed.
 
-    python tests/crash_writer.py STORE direct|recorder|partial
+    python tests/crash_writer.py STORE direct|jpeg|recorder|partial   (jpeg: direct, frames stored lossy)
 """
 
 import sys
@@ -32,7 +32,8 @@ def main() -> None:
             rec.flush()
             print(f"committed {e}", flush=True)
             e += 1
-    store = EpisodeStore.open(path, mode="a") if (Path(path) / "zarr.json").exists() else EpisodeStore.create(path, schema)
+    codec = {"image_codec": "jpeg", "image_quality": 80} if mode == "jpeg" else {}
+    store = EpisodeStore.open(path, mode="a") if (Path(path) / "zarr.json").exists() else EpisodeStore.create(path, schema, **codec)
     print("ready", flush=True)
     if mode == "partial":
         # Write most of an episode (camera frames reach disk shard by shard), then wait to be killed.

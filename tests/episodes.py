@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from robo_rl.data.codecs import decode_frame_jpeg, encode_frame_jpeg
 from robo_rl.data.schema import EpisodeMeta, Schema, Segment
 
 CAM = (24, 32, 3)
@@ -36,12 +37,19 @@ def make_episode(e: int, schema: Schema, min_len: int = 20, max_len: int = 90):
 
 
 def assert_episode_equal(store, i: int, e: int) -> None:
-    """Episode i of `store` is exactly generated episode e."""
+    """Episode i of `store` is exactly generated episode e. In a lossy (JPEG) store, a frame is
+    exactly what that JPEG quality makes of the generated frame (libjpeg is deterministic), and
+    the info carries the loss measured at write time besides."""
     data, ts, seg, meta = make_episode(e, store.schema)
     got = store.episode(i)
     for k, v in data.items():
         assert got[k].dtype == v.dtype and got[k].shape == v.shape, (i, k)
+        if store.image_quality is not None and store.schema.keys[k].is_image:
+            v = np.stack([decode_frame_jpeg(encode_frame_jpeg(f, store.image_quality)) for f in v])
         assert np.array_equal(got[k], v), f"episode {i} key {k} differs"
     assert np.array_equal(got["timestamp"], ts), f"episode {i} timestamps differ"
     assert np.array_equal(got["segment"], seg), f"episode {i} segments differ"
-    assert store.meta(i) == meta, f"episode {i} meta differs"
+    stored = store.meta(i)
+    if store.image_quality is not None:
+        assert set(stored.extra.pop("image_psnr_db")) == set(store.schema.cameras), f"episode {i}: no image loss recorded"
+    assert stored == meta, f"episode {i} meta differs"

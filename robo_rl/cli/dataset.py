@@ -80,6 +80,9 @@ def _print_info(facts: dict) -> None:
         ("tasks", ", ".join(t or "(none)" for t in facts["tasks"]) or "-"),
         ("cameras", ", ".join(facts["cameras"]) or "-"),
         ("image codec", facts["image_codec"] or "-"),
+        *([("image loss (PSNR at write time, worst episode)",
+            ", ".join(f"{cam} {db:.1f} dB" for cam, db in facts["image_psnr_db"].items()) or "-")]
+          if facts.get("image_psnr_db") is not None else []),
         ("size on disk", human_bytes(facts["bytes_on_disk"])),
         ("schema version", facts["schema_version"]),
     ]

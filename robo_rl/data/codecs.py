@@ -316,3 +316,105 @@ class VideoReader:
 
     def close(self) -> None:
         self._container.close()
+
+
+# ---------------------------------------------------------------------- the store's lossy frames
+def _zarr_jpeg_codec():
+    """JpegFrames, built on first use: zarr's codec classes are only needed by the store."""
+    from dataclasses import dataclass
+
+    from zarr.abc.codec import ArrayBytesCodec
+    from zarr.core.common import parse_named_configuration
+
+    @dataclass(frozen=True)
+    class JpegFrames(ArrayBytesCodec):
+        """A chunk of camera frames (N, H, W, 3) uint8 as N independent JPEGs (OpenCV's
+        libjpeg-turbo, 4:2:0 at `quality`): a frame decodes alone, so a random read stays one
+        frame's work. Layout: N as uint32, N uint32 lengths, the N JPEG streams. Chosen by
+        measurement for real cameras (bench/lossy_codecs.py, docs/results.md)."""
+
+        is_fixed_size = False
+        quality: int = 85
+
+        def __init__(self, *, quality: int = 85) -> None:
+            object.__setattr__(self, "quality", int(quality))
+
+        @classmethod
+        def from_dict(cls, data):
+            _, config = parse_named_configuration(data, JPEG_CODEC_NAME, require_configuration=False)
+            return cls(**(config or {}))
+
+        def to_dict(self):
+            return {"name": JPEG_CODEC_NAME, "configuration": {"quality": self.quality}}
+
+        def _encode_sync(self, chunk_array, chunk_spec):
+            frames = np.asarray(chunk_array.as_numpy_array())
+            blobs = [encode_frame_jpeg(f, self.quality) for f in frames]
+            header = np.array([len(blobs), *(len(b) for b in blobs)], dtype="<u4").tobytes()
+            return chunk_spec.prototype.buffer.from_bytes(header + b"".join(blobs))
+
+        async def _encode_single(self, chunk_array, chunk_spec):
+            return self._encode_sync(chunk_array, chunk_spec)
+
+        def _decode_sync(self, chunk_bytes, chunk_spec):
+            raw = chunk_bytes.to_bytes()
+            n = int(np.frombuffer(raw, "<u4", 1)[0])
+            lengths = np.frombuffer(raw, "<u4", n, 4)
+            at, frames = 4 * (n + 1), []
+            for length in lengths:
+                frames.append(decode_frame_jpeg(raw[at:at + int(length)]))
+                at += int(length)
+            out = np.stack(frames).reshape(chunk_spec.shape)
+            return chunk_spec.prototype.nd_buffer.from_numpy_array(out)
+
+        async def _decode_single(self, chunk_bytes, chunk_spec):
+            return self._decode_sync(chunk_bytes, chunk_spec)
+
+        def compute_encoded_size(self, input_byte_length, chunk_spec):
+            raise NotImplementedError("JPEG sizes depend on the frames")
+
+    return JpegFrames
+
+
+JPEG_CODEC_NAME = "robo_rl.jpeg_frames"
+_JPEG_CLASS = None
+
+
+def jpeg_frames_codec(quality: int = 85):
+    """The store's lossy frame codec (a zarr v3 array-to-bytes codec, registered with zarr on
+    first use so a store written with it opens anywhere robo_rl is imported)."""
+    global _JPEG_CLASS
+    if _JPEG_CLASS is None:
+        from zarr.registry import register_codec
+
+        _JPEG_CLASS = _zarr_jpeg_codec()
+        register_codec(JPEG_CODEC_NAME, _JPEG_CLASS)
+    if not 1 <= int(quality) <= 100:
+        raise ConfigError(f"image_quality={quality}: JPEG quality is 1..100")
+    return _JPEG_CLASS(quality=quality)
+
+
+def encode_frame_jpeg(rgb: np.ndarray, quality: int) -> bytes:
+    """One RGB frame -> JPEG bytes at `quality` (OpenCV, 4:2:0)."""
+    import cv2
+
+    ok, buf = cv2.imencode(".jpg", np.ascontiguousarray(rgb[..., ::-1]), [cv2.IMWRITE_JPEG_QUALITY, int(quality)])
+    if not ok:
+        raise RoboRLError(f"JPEG encoding failed for a frame of shape {rgb.shape}")
+    return buf.tobytes()
+
+
+def decode_frame_jpeg(data: bytes) -> np.ndarray:
+    """JPEG bytes -> an RGB frame (OpenCV)."""
+    import cv2
+
+    bgr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    if bgr is None:
+        raise RoboRLError("a stored JPEG frame does not decode (the store is damaged)")
+    return bgr[..., ::-1]
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    """Peak signal-to-noise ratio of two uint8 images or stacks, dB (inf when equal)."""
+    mse = float(np.mean((np.asarray(a, np.float64) - np.asarray(b, np.float64)) ** 2))
+    return float(10 * np.log10(255.0 ** 2 / mse)) if mse > 0 else float("inf")

@@ -33,7 +33,7 @@ import numpy as np
 import zarr
 
 from robo_rl.data.schema import EpisodeMeta, Schema, Segment
-from robo_rl.data.store import DEFAULT_IMAGE_CODEC, EpisodeStore
+from robo_rl.data.store import DEFAULT_IMAGE_CODEC, DEFAULT_IMAGE_QUALITY, EpisodeStore
 from robo_rl.errors import SchemaError, StoreError
 
 # Control words in the shared header.
@@ -197,10 +197,12 @@ class Recorder:
         image_codec: str = DEFAULT_IMAGE_CODEC,
         overwrite: bool = False,
         start_timeout: float = 60.0,
+        image_quality: int = DEFAULT_IMAGE_QUALITY,
     ):
         path = str(path)
         if schema is not None:  # create it, or check that the existing store holds this schema
-            EpisodeStore.open_or_create(path, schema, overwrite=overwrite, image_codec=image_codec).close()
+            EpisodeStore.open_or_create(path, schema, overwrite=overwrite, image_codec=image_codec,
+                                        image_quality=image_quality).close()
         with EpisodeStore.open(path, mode="r") as probe:
             self.schema = probe.schema
             self._first_episode = probe.n_episodes

@@ -51,6 +51,7 @@ from robo_rl.data.schema import (
     Schema,
     Segment,
 )
+from robo_rl.data.codecs import decode_frame_jpeg, encode_frame_jpeg, jpeg_frames_codec, psnr
 from robo_rl.errors import SchemaError, StoreError
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,11 @@ IMAGE_CODECS = {
     "blosc-lz4": lambda: BloscCodec(cname="lz4", clevel=5, shuffle="noshuffle", typesize=1),
 }
 DEFAULT_IMAGE_CODEC = "zstd"
+# Lossy, for real cameras (bench/lossy_codecs.py; docs/results.md "Lossy frames"): per-frame JPEG,
+# each frame decodable alone. Quality is a setting of the store (`image_quality`).
+LOSSY_IMAGE_CODECS = ("jpeg",)
+DEFAULT_IMAGE_QUALITY = 85
+jpeg_frames_codec()  # registered with zarr before any store that uses it is opened
 IMAGE_CHUNK = 4  # frames per chunk: neighbouring frames compress together; a random frame read decodes 4
 READ_RETRIES = 8
 LOWDIM_CHUNK = 1024  # steps per chunk for low-dimensional keys
@@ -124,6 +130,7 @@ class EpisodeStore:
             raise StoreError(f"{location}: is a zarr group but not a robo_rl episode store (no 'robo_rl' attributes)")
         self.schema = Schema.from_json(attrs["robo_rl"], where=location)
         self.image_codec: str = attrs["robo_rl"].get("image_codec", DEFAULT_IMAGE_CODEC)
+        self.image_quality: int | None = attrs["robo_rl"].get("image_quality")  # lossy codecs only
         self._arrays: dict[str, zarr.Array] = {}
         self._ends = np.zeros(0, dtype=np.int64)
         self._infos: list[EpisodeMeta] = []
@@ -138,12 +145,17 @@ class EpisodeStore:
         schema: Schema,
         overwrite: bool = False,
         image_codec: str = DEFAULT_IMAGE_CODEC,
+        image_quality: int = DEFAULT_IMAGE_QUALITY,
     ) -> "EpisodeStore":
-        """Create an empty store at a local path and open it for appending."""
+        """Create an empty store at a local path and open it for appending. `image_codec`: a
+        lossless one (IMAGE_CODECS) or `jpeg` at `image_quality` (1..100)."""
         if _is_remote(str(path)):
             raise StoreError(f"{path}: stores are created locally; copy to remote storage afterwards")
-        if image_codec not in IMAGE_CODECS:
-            raise StoreError(f"image_codec {image_codec!r} unknown; choose one of {sorted(IMAGE_CODECS)}")
+        if image_codec not in IMAGE_CODECS and image_codec not in LOSSY_IMAGE_CODECS:
+            raise StoreError(f"image_codec {image_codec!r} unknown; choose one of "
+                             f"{sorted(IMAGE_CODECS) + list(LOSSY_IMAGE_CODECS)}")
+        if image_codec in LOSSY_IMAGE_CODECS and not 1 <= int(image_quality) <= 100:
+            raise StoreError(f"image_quality={image_quality}: JPEG quality is 1..100")
         root = _local_path(path)
         if root.exists() and any(root.iterdir()):
             if not overwrite:
@@ -153,9 +165,11 @@ class EpisodeStore:
         lock_fd = _acquire_lock(root)
         try:
             group = zarr.open_group(str(root), mode="a", zarr_format=3)  # "w" would delete the lock file
-            group.attrs["robo_rl"] = {**schema.to_json(), "image_codec": image_codec}
+            lossy = {"image_quality": int(image_quality)} if image_codec in LOSSY_IMAGE_CODECS else {}
+            group.attrs["robo_rl"] = {**schema.to_json(), "image_codec": image_codec, **lossy}
             for spec in schema.keys.values():
-                _create_data_array(group, spec.name, spec.shape, spec.dtype, spec.is_image, image_codec)
+                _create_data_array(group, spec.name, spec.shape, spec.dtype, spec.is_image, image_codec,
+                                   int(image_quality))
             _create_data_array(group, TIMESTAMP_KEY, (), "float64", False, image_codec)
             _create_data_array(group, SEGMENT_KEY, (), "uint8", False, image_codec)
             group.create_array("meta/episode_ends", shape=(0,), chunks=(4096,), dtype="int64", fill_value=0)
@@ -409,7 +423,8 @@ class EpisodeStore:
     # ------------------------------------------------------------------ copies, delete, merge
     def copy_episodes(self, out: str | os.PathLike, episodes: Sequence[int] | None = None, overwrite: bool = False) -> "EpisodeStore":
         """Write the chosen episodes (default all) to a new store at `out`; returns it open for appending."""
-        dst = EpisodeStore.create(out, self.schema, overwrite=overwrite, image_codec=self.image_codec)
+        dst = EpisodeStore.create(out, self.schema, overwrite=overwrite, image_codec=self.image_codec,
+                                  image_quality=self.image_quality or DEFAULT_IMAGE_QUALITY)
         try:
             _copy_into(self, dst, range(self.n_episodes) if episodes is None else episodes)
         except BaseException:
@@ -457,7 +472,8 @@ class EpisodeStore:
                     f"merge: {s.location} has schema {s.schema.to_json()['keys']} at {s.schema.fps} fps, "
                     f"{first.location} has {first.schema.to_json()['keys']} at {first.schema.fps} fps"
                 )
-        dst = EpisodeStore.create(out, first.schema, overwrite=overwrite, image_codec=first.image_codec)
+        dst = EpisodeStore.create(out, first.schema, overwrite=overwrite, image_codec=first.image_codec,
+                                  image_quality=first.image_quality or DEFAULT_IMAGE_QUALITY)
         try:
             for s in stores:
                 _copy_into(s, dst, range(s.n_episodes))
@@ -509,10 +525,23 @@ class EpisodeStore:
             "tasks": sorted({m.task for m in self._infos}),
             "keys": {k: (s.shape, s.dtype) for k, s in self.schema.keys.items()},
             "cameras": list(self.schema.cameras),
-            "image_codec": self.image_codec if self.schema.image_keys else None,
+            "image_codec": (None if not self.schema.image_keys else self.image_codec
+                            + (f" (quality {self.image_quality})" if self.image_quality is not None else "")),
+            "image_psnr_db": self.image_psnr(),
             "bytes_on_disk": self.size_on_disk(),
             "schema_version": self.schema.version,
         }
+
+    def image_psnr(self) -> dict[str, float] | None:
+        """A lossy store's image loss per camera: the lowest PSNR (dB) measured at write time on
+        each episode's sample frame (None for a lossless store)."""
+        if self.image_quality is None:
+            return None
+        worst: dict[str, float] = {}
+        for m in self._infos:
+            for cam, db in (m.extra or {}).get("image_psnr_db", {}).items():
+                worst[cam] = min(worst.get(cam, float("inf")), float(db))
+        return worst
 
     def validate(self, check_values: bool = True) -> list[str]:
         """Every problem found, as one line each; an empty list means the store is sound."""
@@ -576,6 +605,7 @@ class EpisodeWriter:
         self._flushed: dict[str, int] = {k: 0 for k in store.data_keys}
         self._last_ts: float | None = None
         self._done = False
+        self._psnr_sample: dict[str, float] = {}  # lossy store: per camera, the loss on the episode's first frame
 
     @property
     def episode_index(self) -> int:
@@ -601,6 +631,7 @@ class EpisodeWriter:
         self._pending[SEGMENT_KEY].append(np.uint8(seg))
         self._last_ts = ts
         self.length += 1
+        self._sample_image_loss({k: values[k] for k in self.store.schema.image_keys})
         for k in self.store.schema.image_keys:
             self._flush(k, final=False)
 
@@ -640,9 +671,19 @@ class EpisodeWriter:
         self._pending[SEGMENT_KEY].extend(seg)
         if n:
             self._last_ts = float(ts[-1])
+            self._sample_image_loss({k: blocks[k][0] for k in schema.image_keys})
         self.length += n
         for k in schema.image_keys:
             self._flush(k, final=False)
+
+    def _sample_image_loss(self, frames: Mapping[str, np.ndarray]) -> None:
+        """A lossy store measures what its codec loses on the episode's first frame per camera
+        (PSNR, dB), kept in the episode's info: `dataset info` reports the worst."""
+        quality = self.store.image_quality
+        if quality is None or self._psnr_sample or not frames:
+            return
+        self._psnr_sample = {k.rsplit("/", 1)[-1]: round(psnr(f, decode_frame_jpeg(encode_frame_jpeg(f, quality))), 2)
+                             for k, f in frames.items()}
 
     def _flush(self, key: str, final: bool) -> None:
         """Write pending rows of `key`: whole shards while recording, everything at commit."""
@@ -676,6 +717,8 @@ class EpisodeWriter:
                 raise SchemaError(f"{self._where()}: unknown episode field {k!r}")
             setattr(self.meta, k, v)
         store = self.store
+        if store.image_quality is not None and self._psnr_sample:
+            self.meta.extra = {**(self.meta.extra or {}), "image_psnr_db": self._psnr_sample}
         for key in store.data_keys:
             self._flush(key, final=True)
         end = self.start + self.length
@@ -720,7 +763,16 @@ def _committed_prefix(ends: np.ndarray) -> int:
     return int(len(ends) if ok.all() else np.argmin(ok))
 
 
-def _create_data_array(group: zarr.Group, key: str, shape: tuple[int, ...], dtype: str, is_image: bool, image_codec: str) -> None:
+def _create_data_array(group: zarr.Group, key: str, shape: tuple[int, ...], dtype: str, is_image: bool, image_codec: str,
+                       image_quality: int = DEFAULT_IMAGE_QUALITY) -> None:
+    if is_image and image_codec in LOSSY_IMAGE_CODECS:
+        # One frame per chunk: an append never re-reads and re-encodes a stored frame (a second
+        # lossy round on a committed episode), and a random read decodes one JPEG. The checksum
+        # is all that follows the JPEG bytes.
+        group.create_array(f"data/{key}", shape=(0, *shape), chunks=(1, *shape), shards=(IMAGE_SHARD, *shape),
+                           dtype=dtype, serializer=jpeg_frames_codec(image_quality), compressors=(Crc32cCodec(),),
+                           fill_value=0)
+        return
     if is_image:
         chunks = (IMAGE_CHUNK, *shape)
         shards = (IMAGE_SHARD, *shape)
