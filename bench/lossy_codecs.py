@@ -28,12 +28,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import cpu_flags, make_console, table  # noqa: E402
 from image_codecs import add_sensor_noise, render_frames  # noqa: E402
 
+from robo_rl.data.codecs import psnr  # noqa: E402
+
 FRAMES_PER_MINUTE = 3 * 30 * 60  # three cameras at 30 fps
-
-
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
-    return float(10 * np.log10(255.0 ** 2 / mse)) if mse > 0 else float("inf")
 
 
 def jpeg(frames: np.ndarray, quality: int) -> tuple[list[bytes], float, callable]:
