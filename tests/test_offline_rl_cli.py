@@ -22,8 +22,13 @@ def dataset(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("agent,extra", [("fql", []), ("floq", ["rl.noise_copies=2", "rl.critic_steps=2"]),
-                                         ("sharsa", ["rl.batch_size=32", "rl.horizon=5", "rl.num_samples=4"])])
+# floq and SHARSA through the cli: ~11-12 s each on an AVX2-only CPU, -m slow (their agents' own
+# training tests in test_rl_agents.py / test_sharsa.py run by default; FQL covers the cli path)
+@pytest.mark.parametrize("agent,extra", [("fql", []),
+                                         pytest.param("floq", ["rl.noise_copies=2", "rl.critic_steps=2"],
+                                                      marks=pytest.mark.slow),
+                                         pytest.param("sharsa", ["rl.batch_size=32", "rl.horizon=5", "rl.num_samples=4"],
+                                                      marks=pytest.mark.slow)])
 def test_each_agent_trains_evaluates_and_reports(dataset, tmp_path, agent, extra):
     run = tmp_path / agent
     r = robo_rl_cli("offline-rl", f"agent={agent}", f"dataset={dataset}", "steps=10", f"run_dir={run}", *TINY, *extra)
@@ -83,6 +88,7 @@ def test_bad_input_is_one_line(dataset, args, message):
     assert message in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.slow  # ~15 s (AMD EPYC, AVX2); learn/online.py's updates_due and loop are unit-tested in test_utd.py
 def test_episode_store_in_the_twin_with_online_finetuning(tmp_path):
     """Demos from the twin -> FQL offline -> evaluated in the twin -> fine-tuned online at UTD 2."""
     demos = tmp_path / "demos"

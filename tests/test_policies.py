@@ -331,6 +331,7 @@ def weighted_mean_aux(policy, batch):
     return policy.body.per_sample_loss(guess - actions, batch).mean()
 
 
+@pytest.mark.slow  # ~6 s (AMD EPYC, AVX2)
 def test_a_time_budget_ends_the_cosine_at_the_steps_that_fit(tmp_path):
     """learner.max_minutes with far more steps than fit: the schedule is fitted to the measured
     rate, so the run ends on its own at the fitted step with the learning rate decayed to its
