@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from robo_rl.data.codecs import decode_frame_jpeg, encode_frame_jpeg
+from robo_rl.data.codecs import decode_frame_jpeg, encode_jpeg
 from robo_rl.data.schema import EpisodeMeta, Schema, Segment
 
 CAM = (24, 32, 3)
@@ -45,7 +45,7 @@ def assert_episode_equal(store, i: int, e: int) -> None:
     for k, v in data.items():
         assert got[k].dtype == v.dtype and got[k].shape == v.shape, (i, k)
         if store.image_quality is not None and store.schema.keys[k].is_image:
-            v = np.stack([decode_frame_jpeg(encode_frame_jpeg(f, store.image_quality)) for f in v])
+            v = np.stack([decode_frame_jpeg(encode_jpeg(f, store.image_quality)) for f in v])
         assert np.array_equal(got[k], v), f"episode {i} key {k} differs"
     assert np.array_equal(got["timestamp"], ts), f"episode {i} timestamps differ"
     assert np.array_equal(got["segment"], seg), f"episode {i} segments differ"

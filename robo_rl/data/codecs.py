@@ -7,7 +7,8 @@ Still images
                                                           PNG) -> RGB: bag import and live ROS 2 cameras
     decode_image     a LeRobot `image` cell (PNG or JPEG bytes) -> the declared (H, W, C)
     decode_jpeg      an ACT/ALOHA HDF5 JPEG row (zero-padded) -> HWC in its recorded channel order
-    encode_jpeg      RGB -> JPEG bytes (OpenCV, a quality): the Rerun viewer
+    encode_jpeg      RGB -> JPEG bytes (OpenCV, a quality): the Rerun viewer, the store's JPEG frames
+    decode_frame_jpeg, jpeg_frames_codec   the store's lossy frames (a zarr v3 codec), psnr
     JpegEncoder      RGB -> JPEG bytes (PyAV's mjpeg), one encoder per camera: the sim bridge
 Video
     ENCODERS, canonical_codec, encode_mp4   one episode's frames -> an mp4 in memory (AV1 or H.264,
@@ -349,7 +350,7 @@ def _zarr_jpeg_codec():
 
         def _encode_sync(self, chunk_array, chunk_spec):
             frames = np.asarray(chunk_array.as_numpy_array())
-            blobs = [encode_frame_jpeg(f, self.quality) for f in frames]
+            blobs = [encode_jpeg(f, self.quality) for f in frames]
             header = np.array([len(blobs), *(len(b) for b in blobs)], dtype="<u4").tobytes()
             return chunk_spec.prototype.buffer.from_bytes(header + b"".join(blobs))
 
@@ -392,16 +393,6 @@ def jpeg_frames_codec(quality: int = 85):
     if not 1 <= int(quality) <= 100:
         raise ConfigError(f"image_quality={quality}: JPEG quality is 1..100")
     return _JPEG_CLASS(quality=quality)
-
-
-def encode_frame_jpeg(rgb: np.ndarray, quality: int) -> bytes:
-    """One RGB frame -> JPEG bytes at `quality` (OpenCV, 4:2:0)."""
-    import cv2
-
-    ok, buf = cv2.imencode(".jpg", np.ascontiguousarray(rgb[..., ::-1]), [cv2.IMWRITE_JPEG_QUALITY, int(quality)])
-    if not ok:
-        raise RoboRLError(f"JPEG encoding failed for a frame of shape {rgb.shape}")
-    return buf.tobytes()
 
 
 def decode_frame_jpeg(data: bytes) -> np.ndarray:

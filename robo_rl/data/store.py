@@ -51,7 +51,7 @@ from robo_rl.data.schema import (
     Schema,
     Segment,
 )
-from robo_rl.data.codecs import decode_frame_jpeg, encode_frame_jpeg, jpeg_frames_codec, psnr
+from robo_rl.data.codecs import decode_frame_jpeg, encode_jpeg, jpeg_frames_codec, psnr
 from robo_rl.errors import SchemaError, StoreError
 
 log = logging.getLogger(__name__)
@@ -682,7 +682,7 @@ class EpisodeWriter:
         quality = self.store.image_quality
         if quality is None or self._psnr_sample or not frames:
             return
-        self._psnr_sample = {k.rsplit("/", 1)[-1]: round(psnr(f, decode_frame_jpeg(encode_frame_jpeg(f, quality))), 2)
+        self._psnr_sample = {k.rsplit("/", 1)[-1]: round(psnr(f, decode_frame_jpeg(encode_jpeg(f, quality))), 2)
                              for k, f in frames.items()}
 
     def _flush(self, key: str, final: bool) -> None:

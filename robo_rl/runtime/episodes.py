@@ -219,7 +219,6 @@ class _Running:
     ticks: int = 0
     next_record: float = 0.0
     outcome: Outcome | None = None
-    obs: Any = None
 
 
 def run_episodes(robots: Sequence[Any], sources: Any, config: ControllerConfig, hooks: EpisodeHooks, *,
@@ -302,7 +301,6 @@ def run_episodes(robots: Sequence[Any], sources: Any, config: ControllerConfig, 
                     continue
                 obs = robots[i].observe()
                 run.history.append(obs)
-                run.obs = obs
                 lost = None if run.tracking is None else run.tracking.check(obs.qpos, run.command, now)
                 if lost is not None:
                     hint = getattr(robots[i], "not_following_hint", None)
@@ -341,7 +339,7 @@ def run_episodes(robots: Sequence[Any], sources: Any, config: ControllerConfig, 
                     outcome = robot.outcome() if hasattr(robot, "outcome") else None
                     run.outcome = outcome
                     if now >= run.next_record - 1e-6:
-                        hooks.step(i, run.obs, run.command, sources.segment(i), outcome)
+                        hooks.step(i, run.history[-1], run.command, sources.segment(i), outcome)
                         run.report.recorded += 1
                         run.next_record += record_period
                     done = sources.ended(i) or (run.episode.max_ticks is not None and run.ticks >= run.episode.max_ticks)
