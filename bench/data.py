@@ -11,8 +11,15 @@ measured in the same run.
 (b) recording: 14-D state + 14-D action + 2 cameras 240x320 at 50 Hz, paced in real time, into
     the Recorder (non-blocking, writer process) and, as the baseline, EpisodeStore's writer called
     synchronously in the loop. Camera frames are MuJoCo renders (bench/image_codecs.py's scene).
+(c) real cameras: three cameras 480x640 at 30 fps read by a 50 Hz loop with 14-D state and
+    action, 10 minutes paced in real time, into the Recorder with JPEG frames (quality 85) and
+    96x96 training-size copies; the baseline, in the same run, is the same Recorder with the best
+    lossless codec for 1 minute. Frames: renders plus Gaussian noise, sigma 3 (bench/lossy_codecs.py).
+    Then training windows/s with two of those cameras at 96x96 read from that store, against
+    windows cut from the full frames (decode two 480x640 JPEGs per camera, downscale) as the
+    baseline in the same run.
 
-    python bench/data.py [--quick] [--only sampling|recording] [--seed 0]
+    python bench/data.py [--quick] [--only sampling|recording|cameras] [--minutes 10] [--seed 0]
 """
 
 from __future__ import annotations
@@ -449,10 +456,262 @@ def recording_benchmark(args, console) -> None:
     console.print()
 
 
+# ====================================================================== (c) real cameras
+CAM_FPS = 30
+REAL_CAMS = ("top", "left_wrist", "right_wrist")
+REAL_HW = (480, 640)
+TRAIN_HW = (96, 96)
+
+
+def camera_frames(n: int, seed: int) -> dict[str, list[np.ndarray]]:
+    """n distinct noisy 480x640 frames per camera (renders + sigma-3 noise), cycled by the loop:
+    per-frame JPEG gains nothing from a frame seen a lap earlier, so cycling flatters no size."""
+    from image_codecs import add_sensor_noise, render_frames
+
+    views = {"top": ("top", seed), "left_wrist": ("front", seed + 1), "right_wrist": ("top", seed + 2)}
+    # a list of arrays: the loop hands the same array object until the next frame, as a ROS 2
+    # camera's snapshot does
+    return {cam: list(add_sensor_noise(render_frames(n, *REAL_HW, camera=view, seed=s), 3.0, seed=s + 10))
+            for cam, (view, s) in views.items()}
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+class Cameras:
+    """Three cameras at 30 fps on their own thread, as a ROS 2 camera's transport thread: each
+    frame arrives as a fresh array (a copy of a pre-rendered one, standing in for the decoding)
+    and the loop reads the newest, the same array until the next one replaces it."""
+
+    def __init__(self, frames: dict[str, list[np.ndarray]]):
+        import threading
+
+        self.frames, self.pool = frames, len(next(iter(frames.values())))
+        self.latest = {c: (np.array(f[0]), 0) for c, f in frames.items()}  # camera -> (frame, capture index)
+        self.produced = 1
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "Cameras":
+        self.t0 = time.perf_counter()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        k = 1
+        while not self._stop.is_set():
+            wait = self.t0 + k / CAM_FPS - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
+            for cam, f in self.frames.items():
+                self.latest[cam] = (np.array(f[k % self.pool]), k)
+            self.produced = k + 1
+            k += 1
+
+
+def _record_cameras(path: Path, frames: dict[str, np.ndarray], seconds: float, ep_seconds: float, codec: str,
+                    seed: int, progress) -> dict:
+    """A 50 Hz loop in real time reading the newest frame of each camera (`Cameras`)."""
+    from robo_rl.data.recorder import Recorder
+
+    schema = Schema.build({"obs/qpos": ((14,), "float32"), "action": ((14,), "float32"),
+                           **{f"obs/images/{c}": ((*REAL_HW, 3), "uint8") for c in REAL_CAMS}}, fps=FPS, robot="aloha")
+    n_steps, ep_steps = int(seconds * FPS), int(ep_seconds * FPS)
+    rng = np.random.default_rng(seed)
+    qpos = np.cumsum(rng.normal(0, 0.01, (n_steps, 14)), axis=0).astype(np.float32)
+    cameras = Cameras(frames)
+    pool = cameras.pool
+    rec = Recorder(path, schema, overwrite=True, image_codec=codec, train_image_size=TRAIN_HW)
+    writer_pid = rec._proc.pid
+    blocked, end_times, after_end = [], [], []
+    shown: list[int] = []  # capture index of the frame each step carried
+    gc.collect()
+    gc.freeze()  # as the episode loop does before its first tick (robo_rl/runtime/episodes.py),
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1.0 / FPS / 20)  # and with its GIL hand-over interval
+    cpu0, wall0 = _cpu_seconds(writer_pid), time.perf_counter()
+    t_start = time.perf_counter() + 0.05
+    ended_at = None
+    cameras.__enter__()
+    for i in range(n_steps):
+        target = t_start + i / FPS
+        now = time.perf_counter()
+        if target > now:
+            time.sleep(target - now)
+        tick = time.perf_counter() - t_start
+        if i % ep_steps == 0:
+            rec.start_episode(EpisodeMeta(task="bench_cameras", source="bench"))
+        latest = dict(cameras.latest)
+        shown.append(latest["top"][1])
+        step = {"obs/qpos": qpos[i], "action": qpos[i]}
+        for cam in REAL_CAMS:
+            step[f"obs/images/{cam}"] = latest[cam][0]
+        t0 = time.perf_counter()
+        rec.add_step(step, tick, "TELEOP")
+        dt = time.perf_counter() - t0
+        blocked.append(dt)
+        if ended_at == i - 1:
+            after_end.append(dt)
+        if (i + 1) % ep_steps == 0 or i == n_steps - 1:
+            t0 = time.perf_counter()
+            rec.end_episode(success=True)
+            end_times.append(time.perf_counter() - t0)
+            ended_at = i
+        if progress and i % (FPS * 10) == 0:
+            progress(i, n_steps)
+    cameras.__exit__()
+    sys.setswitchinterval(switch)
+    wall = time.perf_counter() - wall0
+    writer_cpu = _cpu_seconds(writer_pid) - cpu0  # while the loop ran; the rest is close()'s drain
+    stats = rec.stats()
+    t0 = time.perf_counter()
+    rec.close()
+    close_s = time.perf_counter() - t0
+    shown = np.array(shown)
+    captured = int(shown[-1] - shown[0] + 1)  # frames the cameras produced between the first and last step
+    seen = len(np.unique(shown))
+    with EpisodeStore.open(path) as store:
+        # a captured frame is kept when some step stores it (repeat 0); per camera, the fewest kept
+        stored = min(len(np.unique(shown[store._read_rows(f"repeat/obs/images/{c}", slice(0, store.n_steps)) == 0]))
+                     for c in REAL_CAMS)
+        psnr_db = store.image_psnr()
+        # loss on frames spread over the run, against the exact frame handed in
+        from robo_rl.data.codecs import psnr
+
+        probe = np.linspace(0, store.n_steps - 1, 24).astype(int)
+        measured = [psnr(store.read("obs/images/top", t, t + 1)[0], frames["top"][shown[t] % pool]) for t in probe]
+        problems = store.validate(check_values=False)
+        size = store.size_on_disk()
+        n_store = store.n_steps
+    return {"codec": codec, "seconds": seconds, "steps": n_steps, "in_store": n_store, "blocked": np.array(blocked) * 1e3,
+            "after_end": np.array(after_end) * 1e3, "end": np.array(end_times) * 1e3, "close_s": close_s,
+            "stalls": stats.stalls, "captured": captured, "seen": seen, "stored": stored,
+            "mb_per_min": size / 1e6 / (seconds / 60), "psnr_write": psnr_db, "psnr_probe": float(np.min(measured)),
+            "psnr_probe_mean": float(np.mean(measured)), "writer_cpu": writer_cpu / wall, "problems": problems}
+
+
+def _windows_from_small_copies(path: Path, cams: list[str], batches: int, seed: int) -> dict:
+    from robo_rl.data.sampler import WindowSampler
+
+    with EpisodeStore.open(path) as store:
+        t0 = time.perf_counter()
+        sampler = WindowSampler(store, ["obs/qpos", *cams], n_obs=N_OBS, horizon=HORIZON)
+        load = time.perf_counter() - t0
+        rng = np.random.default_rng(seed)
+        batch = sampler.sample(BATCH, rng)
+        shape = batch[cams[0]].shape
+        rate = _rate_calls(lambda: sampler.sample(BATCH, rng), 3.0)
+        n = len(sampler)
+    # an epoch's worth of windows, counting the load: what a short fine-tuning run sees
+    epoch = n / (load + n / rate)
+    return {"load_s": load, "rate": rate, "epoch_rate": epoch, "windows": n, "shape": shape}
+
+
+def _windows_from_full_frames(path: Path, cams: list[str], seconds: float, seed: int) -> dict:
+    """The baseline: a window's frames read at full size (one JPEG decode per frame) and
+    downscaled to 96x96 per window, as a loader over a store without training-size copies does."""
+    from robo_rl.data.codecs import resize_rgb
+
+    with EpisodeStore.open(path) as store:
+        rng = np.random.default_rng(seed)
+        n = store.n_steps
+        done, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            for _ in range(BATCH):
+                t = int(rng.integers(N_OBS - 1, n))
+                for cam in cams:
+                    full = store.read(cam, t - N_OBS + 1, t + 1)
+                    np.stack([resize_rgb(f, TRAIN_HW) for f in full])
+                store.read("action", t, t + HORIZON)
+            done += BATCH
+        return {"rate": done / (time.perf_counter() - t0)}
+
+
+def cameras_benchmark(args, console) -> None:
+    minutes = 1.0 if args.quick else float(args.minutes)
+    baseline_minutes = min(1.0, minutes)
+    t0 = time.perf_counter()
+    frames = camera_frames(30 if args.quick else 90, args.seed)
+    console.print(f"rendered {len(frames['top'])} noisy frames x {len(REAL_CAMS)} cameras 480x640 in "
+                  f"{time.perf_counter() - t0:.1f} s")
+
+    def progress(i, n):
+        console.print(f"  step {i}/{n} ({i / FPS / 60:.1f} of {n / FPS / 60:.1f} min)")
+
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="bench_cams_") as tmp:
+        for codec, mins in (("jpeg", minutes), ("blosc-zstd", baseline_minutes)):
+            console.print(f"recording {mins:g} min with {codec} ...")
+            results[codec] = _record_cameras(Path(tmp) / codec, frames, mins * 60, 60.0, codec, args.seed, progress)
+            gc.collect()
+        r, b = results["jpeg"], results["blosc-zstd"]
+
+        def fmt(x, spec=".3f"):
+            return "-" if x is None else format(x, spec)
+
+        t = table(f"(c) real cameras: {len(REAL_CAMS)} cameras {REAL_HW[0]}x{REAL_HW[1]} at {CAM_FPS} fps + 14-D state at "
+                  f"{FPS} Hz, paced in real time, episodes of 60 s, training-size copies {TRAIN_HW[0]}x{TRAIN_HW[1]}",
+                  ["metric", f"jpeg q85, {minutes:g} min", f"blosc-zstd (lossless baseline), {baseline_minutes:g} min",
+                   "target", "pass"])
+
+        def row(metric, rv, bv, target="-", ok=None):
+            t.add_row(metric, rv, bv, target, "-" if ok is None else ("PASS" if ok else "FAIL"))
+
+        row("add_step blocked p50 (ms)", fmt(_pctl(r["blocked"], 50)), fmt(_pctl(b["blocked"], 50)))
+        row("add_step blocked p99 (ms)", fmt(_pctl(r["blocked"], 99)), fmt(_pctl(b["blocked"], 99)), "< 1",
+            _pctl(r["blocked"], 99) < 1.0)
+        row("add_step blocked max (ms)", fmt(r["blocked"].max()), fmt(b["blocked"].max()))
+        row("stalls (ring full: the writer fell behind)", str(r["stalls"]), str(b["stalls"]), "0", r["stalls"] == 0)
+        row("frames dropped by the recorder (handed - stored), per camera", f"{r['seen'] - r['stored']} ({r['seen']} - {r['stored']})",
+            f"{b['seen'] - b['stored']} ({b['seen']} - {b['stored']})", "0", r["seen"] == r["stored"])
+        row("frames the loop never read (a tick > 13 ms late)", f"{r['captured'] - r['seen']} of {r['captured']}",
+            f"{b['captured'] - b['seen']} of {b['captured']}", "reported")
+        row("steps handed / in store", f"{r['steps']} / {r['in_store']}", f"{b['steps']} / {b['in_store']}", "equal",
+            r["steps"] == r["in_store"])
+        row("end_episode max (ms)", fmt(r["end"].max()), fmt(b["end"].max()))
+        row("add_step right after an episode end, max (ms)", fmt(r["after_end"].max() if len(r["after_end"]) else 0.0),
+            fmt(b["after_end"].max() if len(b["after_end"]) else 0.0), "no wait", bool(len(r["after_end"]) == 0 or r["after_end"].max() < 1.0))
+        row("close() waited (s)", fmt(r["close_s"], ".2f"), fmt(b["close_s"], ".2f"))
+        row("MB on disk per minute", fmt(r["mb_per_min"], ".0f"), fmt(b["mb_per_min"], ".0f"), "<= 300", r["mb_per_min"] <= 300)
+        worst = min(r["psnr_write"].values()) if r["psnr_write"] else None
+        row("PSNR at write time, worst episode and camera (dB)", fmt(worst, ".1f"), "lossless", ">= 35",
+            worst is not None and worst >= 35)
+        row("PSNR of 24 stored frames vs handed, min / mean (dB)", f"{r['psnr_probe']:.1f} / {r['psnr_probe_mean']:.1f}",
+            "inf" if not np.isfinite(b["psnr_probe"]) else f"{b['psnr_probe']:.1f}", ">= 35", r["psnr_probe"] >= 35)
+        row("writer process CPU (share of one core)", f"{100 * r['writer_cpu']:.0f}%", f"{100 * b['writer_cpu']:.0f}%",
+            "reported")
+        console.print(t)
+        console.print(f"store validate(): jpeg {r['problems'] or 'ok'}, lossless {b['problems'] or 'ok'}; "
+                      f"distinct frames seen by the loop per camera: {r['seen']} of {r['captured']} captured")
+
+        cams = [f"obs/images/{c}" for c in REAL_CAMS[:2]]
+        small = _windows_from_small_copies(Path(tmp) / "jpeg", cams, 0, args.seed)
+        full = _windows_from_full_frames(Path(tmp) / "jpeg", cams, 5.0 if args.quick else 15.0, args.seed)
+        t = table(f"(d) training windows (To={N_OBS}, H={HORIZON}, batch {BATCH}) with 2 cameras at 96x96 from the "
+                  f"{minutes:g}-min jpeg store ({small['windows']:,} windows)",
+                  ["loader", "windows/s", "load (s)", "windows/s over one epoch incl. load", "target", "pass"])
+        t.add_row("robo_rl WindowSampler on the 96x96 copies", f"{small['rate']:,.0f}", f"{small['load_s']:.1f}",
+                  f"{small['epoch_rate']:,.0f}", ">= 2,000", "PASS" if small["epoch_rate"] >= 2000 else "FAIL")
+        t.add_row("windows cut from full frames (decode 480x640, downscale; baseline)", f"{full['rate']:,.0f}", "0", "-",
+                  "-", "-")
+        t.add_row("LeRobotDataset, 2 AV1 cameras (QUOTED, not run here)", "117", "-", "-", "-", "-")
+        console.print(t)
+        console.print(f"window batch {cams[0]}: {tuple(small['shape'])}")
+    console.print()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small stores, short measurements, 20 s recording")
-    ap.add_argument("--only", choices=["sampling", "recording"], default=None)
+    ap.add_argument("--only", choices=["sampling", "recording", "cameras"], default=None)
+    ap.add_argument("--minutes", type=float, default=10.0, help="(c): minutes of three-camera recording")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     random.seed(args.seed)
@@ -470,6 +729,8 @@ def main(argv: list[str] | None = None) -> int:
         sampling_benchmark(args, console)
     if args.only in (None, "recording"):
         recording_benchmark(args, console)
+    if args.only in (None, "cameras"):
+        cameras_benchmark(args, console)
     console.print(f"total {time.perf_counter() - t0:.0f} s")
     return 0
 

@@ -1,7 +1,8 @@
 """A writer process for the crash tests: appends generated episodes forever, printing
 'committed N' after each commit, until it is killed.
 
-    python tests/crash_writer.py STORE direct|jpeg|recorder|partial   (jpeg: direct, frames stored lossy)
+    python tests/crash_writer.py STORE direct|jpeg|recorder|partial
+    (jpeg: direct, frames stored lossy with training-size copies beside)
 """
 
 import sys
@@ -10,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from episodes import make_episode, small_schema  # noqa: E402
+from episodes import SMALL, make_episode, small_schema  # noqa: E402
 
 from robo_rl.data.recorder import Recorder  # noqa: E402
 from robo_rl.data.store import EpisodeStore  # noqa: E402
@@ -32,7 +33,7 @@ def main() -> None:
             rec.flush()
             print(f"committed {e}", flush=True)
             e += 1
-    codec = {"image_codec": "jpeg", "image_quality": 80} if mode == "jpeg" else {}
+    codec = {"image_codec": "jpeg", "image_quality": 80, "train_image_size": SMALL} if mode == "jpeg" else {}
     store = EpisodeStore.open(path, mode="a") if (Path(path) / "zarr.json").exists() else EpisodeStore.create(path, schema, **codec)
     print("ready", flush=True)
     if mode == "partial":

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from robo_rl.data.codecs import decode_frame_jpeg, encode_jpeg
+from robo_rl.data.codecs import decode_frame_jpeg, encode_jpeg, resize_rgb
 from robo_rl.data.schema import EpisodeMeta, Schema, Segment
 
 CAM = (24, 32, 3)
+SMALL = (12, 16)  # training-size copies in the stores that keep them
 
 
 def small_schema(cameras: bool = True) -> Schema:
@@ -27,6 +28,8 @@ def make_episode(e: int, schema: Schema, min_len: int = 20, max_len: int = 90):
     for key, spec in schema.keys.items():
         if spec.is_image:
             data[key] = rng.integers(0, 256, size=(n, *spec.shape), dtype=np.uint8)
+            if key.endswith("wrist"):  # a 30 fps camera read at 50 Hz: 2 frames in 5 repeat the previous one
+                data[key] = data[key][np.arange(n) * 3 // 5]
         else:
             data[key] = rng.standard_normal((n, *spec.shape)).astype(spec.dtype)
     ts = 100.0 * e + np.arange(n) / schema.fps
@@ -42,10 +45,15 @@ def assert_episode_equal(store, i: int, e: int) -> None:
     the info carries the loss measured at write time besides."""
     data, ts, seg, meta = make_episode(e, store.schema)
     got = store.episode(i)
+    lossy = (lambda f: decode_frame_jpeg(encode_jpeg(f, store.image_quality))) if store.image_quality else (lambda f: f)
     for k, v in data.items():
         assert got[k].dtype == v.dtype and got[k].shape == v.shape, (i, k)
-        if store.image_quality is not None and store.schema.keys[k].is_image:
-            v = np.stack([decode_frame_jpeg(encode_jpeg(f, store.image_quality)) for f in v])
+        if store.schema.keys[k].is_image:
+            if store.train_image_size:  # the training-size copy: the frame downscaled, then stored
+                small = store.read(k, *store.episode_range(i), small=True)
+                assert np.array_equal(small, np.stack([lossy(resize_rgb(f, store.train_image_size)) for f in v])), \
+                    f"episode {i} key {k}: training-size copies differ"
+            v = np.stack([lossy(f) for f in v])
         assert np.array_equal(got[k], v), f"episode {i} key {k} differs"
     assert np.array_equal(got["timestamp"], ts), f"episode {i} timestamps differ"
     assert np.array_equal(got["segment"], seg), f"episode {i} segments differ"

@@ -48,7 +48,7 @@ def _check(path: Path, reported: int, previous: int) -> int:
 
 # 5 kills by default; the 14-kill run (~67 s on an AMD EPYC, AVX2) is `-m slow`
 @pytest.mark.parametrize("mode,rounds", [("direct", 5), pytest.param("direct", 14, marks=pytest.mark.slow), ("recorder", 6),
-                                         ("jpeg", 4)])  # jpeg: the lossy frame codec under the same kills
+                                         ("jpeg", 4)])  # jpeg: the lossy frame codec and training-size copies under the same kills
 def test_sigkill_at_random_points_never_loses_committed_episodes(tmp_path, mode, rounds):
     path = tmp_path / "store"
     rng = random.Random(1234 + len(mode))

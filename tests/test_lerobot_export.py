@@ -316,6 +316,30 @@ def test_export_then_import_gives_the_store_back(exported, store_path, tmp_path)
     src.close()
 
 
+def test_a_jpeg_store_exports_with_both_losses_said_and_imports_without_a_third(tmp_path):
+    """A real camera's store holds JPEG frames: video cannot carry them without decoding and
+    encoding again, so the export reports the store's own loss beside the video's; the import
+    keeps the video's frames losslessly, adding nothing."""
+    from robo_rl.data.lerobot import import_lerobot
+
+    with EpisodeStore.create(tmp_path / "jpeg", Schema.build(KEYS, fps=FPS, robot="test_arms"), image_codec="jpeg") as store:
+        for e in range(2):
+            data, ts, seg, meta = make_episode(e)
+            store.add_episode(data, ts, seg, meta)
+    report = export_lerobot(tmp_path / "jpeg", tmp_path / "out", codec="h264", progress=False)
+    assert report["store_image_codec"] == "jpeg (quality 85)"
+    assert set(report["store_image_loss"]) == set(CAMERAS) and min(report["store_image_loss"].values()) > 25
+    src = EpisodeStore.open(tmp_path / "jpeg")
+    with import_lerobot(tmp_path / "out", tmp_path / "back", progress=False) as back:
+        assert back.image_quality is None  # stored as decoded: no further loss
+        for cam in CAMERAS:
+            a = src.read(f"obs/images/{cam}").astype(np.float64)
+            b = back.read(f"obs/images/{cam}").astype(np.float64)
+            psnr = 10 * math.log10(255**2 / ((a - b) ** 2).mean())
+            assert psnr == pytest.approx(report["image_loss"][cam]["psnr_db"], abs=0.5)  # the video's loss, no more
+    src.close()
+
+
 # ---------------------------------------------------------------------- refusals and atomicity
 @pytest.mark.parametrize("case", ["fps", "reserved", "collision", "empty", "odd", "gray", "tiny", "codec", "crf"])
 def test_refuses_what_lerobot_cannot_hold(case, tmp_path):

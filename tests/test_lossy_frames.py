@@ -87,3 +87,104 @@ def test_dataset_info_reports_the_codec_and_its_loss(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "jpeg (quality 80)" in r.stdout and "PSNR at write time" in r.stdout and " dB" in r.stdout
+
+
+def camera_at_30fps(frames: np.ndarray, steps: int) -> list[np.ndarray]:
+    """What a 50 Hz loop reads from a 30 fps camera: the newest frame, the same array object
+    until the next one arrives (2 steps in 5 repeat the previous frame)."""
+    arrays = list(frames)
+    return [arrays[(t * 3 // 5) % len(arrays)] for t in range(steps)]
+
+
+def test_repeated_frames_are_stored_once_and_read_back_in_place(tmp_path):
+    frames = camera_frames(30)
+    seen = camera_at_30fps(frames, 50)
+    with EpisodeStore.create(tmp_path / "s", schema(), image_codec="jpeg") as store:
+        for e in range(2):
+            w = store.begin_episode(EpisodeMeta(task="t"))
+            for t, f in enumerate(seen[e * 25:(e + 1) * 25]):
+                w.add({"obs/qpos": np.zeros(14, np.float32), "obs/images/top": f, "obs/images/wrist": f}, t / 50)
+            w.commit()
+    store = EpisodeStore.open(tmp_path / "s")
+    back = store.read("obs/images/top")
+    repeat = store._read_rows("repeat/obs/images/top", slice(0, 50))
+    # each episode's first step holds its own frame; every other repeat points back to the step holding it
+    assert repeat[0] == 0 and repeat[25] == 0 and (repeat > 0).sum() == 50 - 30 - 1 + 1
+    src = np.arange(50) - repeat
+    assert np.array_equal(back, back[src]) and all(repeat[s] == 0 for s in src)
+    assert np.array_equal(back[:25], store.episode(0)["obs/images/top"])
+    # a read that starts on a repeated step fetches the frame from before it
+    first_repeat = int(np.argmax(repeat > 0))
+    assert np.array_equal(store.read("obs/images/top", first_repeat, first_repeat + 1)[0], back[first_repeat])
+    assert psnr(back, np.stack(seen)) > 33.0
+    assert store.validate() == []
+    # a repeated frame costs next to nothing on disk: the store is ~30 frames' worth, not 50
+    once = write(tmp_path / "once", frames, episodes=1, image_codec="jpeg")
+    assert store.size_on_disk() < 1.2 * once.size_on_disk()
+
+
+def test_training_size_copies_are_what_the_sampler_reads(tmp_path):
+    from robo_rl.data.codecs import resize_rgb
+    from robo_rl.data.sampler import WindowSampler
+    from robo_rl.policies import ObsShapes
+
+    frames = camera_frames(24)
+    store = write(tmp_path / "s", frames, image_codec="jpeg", train_image_size=(48, 64))
+    assert store.train_image_size == (48, 64) and store.info()["train_image_size"] == [48, 64]
+    small = store.read("obs/images/top", 0, 12, small=True)
+    assert small.shape == (12, 48, 64, 3)
+    assert psnr(small, np.stack([resize_rgb(f, (48, 64)) for f in frames[:12]])) > 33.0
+    sampler = WindowSampler(store, ["obs/images/top"], action_key="obs/qpos", n_obs=2, horizon=4)
+    assert sampler.image_sizes == {"obs/images/top": (48, 64)}
+    batch = sampler.get(np.arange(len(sampler)))
+    assert batch["obs/images/top"].shape == (24, 2, 48, 64, 3)
+    assert np.array_equal(batch["obs/images/top"][:, -1], store.read("obs/images/top", small=True))
+    shapes = ObsShapes.from_schema(store.schema, ["obs/images/top"], "obs/qpos", image_size=store.train_image_size)
+    assert shapes.images == {"obs/images/top": (48, 64)}
+    # the copies go where the store goes
+    copy = store.copy_episodes(tmp_path / "copy", [1])
+    assert copy.train_image_size == (48, 64) and copy.read("obs/images/top", small=True).shape == (12, 48, 64, 3)
+    with pytest.raises(StoreError, match="no training-size copies"):
+        write(tmp_path / "plain", frames).read("obs/images/top", small=True)
+    with pytest.raises(StoreError, match="no larger than the frames"):
+        EpisodeStore.create(tmp_path / "big", schema(), train_image_size=(240, 320))
+
+
+def test_jpeg_shards_read_directly_equal_zarrs_own_reading(tmp_path):
+    frames = camera_frames(40)
+    seen = camera_at_30fps(frames, 300)  # 300 steps: three shards of full frames, empty rows among them
+    with EpisodeStore.create(tmp_path / "s", schema(), image_codec="jpeg", train_image_size=(30, 40)) as store:
+        store.add_episode({"obs/qpos": np.zeros((300, 14), np.float32), "obs/images/top": np.stack(seen),
+                           "obs/images/wrist": np.stack(seen)}, np.arange(300) / 50)
+    store = EpisodeStore.open(tmp_path / "s")
+    for path in ("data/obs/images/top", "small/obs/images/wrist"):
+        node = store._node(path)
+        assert store._jpeg_shards(path, node)
+        assert np.array_equal(store._read_rows(path, slice(0, 300)), np.asarray(node[0:300]))
+        rows = np.array([0, 1, 127, 128, 255, 299])
+        assert np.array_equal(store._read_rows(path, rows), np.asarray(node.oindex[rows]))
+
+
+@pytest.mark.parametrize("snapshots", [True, False])
+def test_recorder_hands_frames_over_once(tmp_path, snapshots):
+    """Snapshots (a camera's newest frame, never written into): copied off the caller's thread,
+    a repeated array not copied at all. Not snapshots: a caller reusing one array still records
+    every frame as it was at add_step."""
+    from robo_rl.data.recorder import Recorder
+
+    frames = camera_frames(30)
+    seen = camera_at_30fps(frames, 50)
+    with Recorder(tmp_path / "r", schema(), image_codec="jpeg", snapshots=snapshots) as rec:
+        rec.start_episode(EpisodeMeta(task="t"))
+        buffer = np.empty_like(frames[0])
+        for t, f in enumerate(seen):
+            if not snapshots:  # one array, written into every step
+                buffer[:] = f
+                f = buffer
+            rec.add_step({"obs/qpos": np.zeros(14, np.float32), "obs/images/top": f, "obs/images/wrist": f}, t / 50)
+        rec.end_episode()
+    store = EpisodeStore.open(tmp_path / "r")
+    back = store.read("obs/images/top")
+    assert store.n_steps == 50 and psnr(back, np.stack(seen)) > 33.0
+    repeat = store._read_rows("repeat/obs/images/top", slice(0, 50))
+    assert (repeat == 0).sum() == 30  # every captured frame once

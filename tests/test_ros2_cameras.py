@@ -197,6 +197,66 @@ def test_jpeg_frames_and_deploy_resizing_to_the_policy(tmp_path):
         stop_bridge(bridge)
 
 
+def test_record_full_frames_over_dds_then_train(tmp_path):
+    """The whole path at small size: `sim-bridge` publishes two cameras at 480x640 (the robot
+    description's size), `robo-rl record robot=aloha` stores them as JPEG (a real robot's default)
+    with 48x64 copies for training, and `robo-rl train` learns from those copies."""
+    from robo_rl.data.store import EpisodeStore
+
+    import threading
+
+    from robo_rl.hardware.robot import RobotSpec
+    from robo_rl.hardware.ros2.messages import JointState
+
+    dom = domain(2)
+    env = {**os.environ, "MUJOCO_GL": "egl", "TQDM_DISABLE": "1"}
+    bridge = start_bridge(dom, "cameras=[top,left_wrist]", "image_size=[480,640]", "camera_hz=15")
+    # leader arms held at home, as their drivers would publish them (the human is not moving)
+    home = RobotSpec.from_yaml("aloha").home.astype(float)
+    joints = ["waist", "shoulder", "elbow", "forearm_roll", "wrist_angle", "wrist_rotate", "gripper"]
+    transport = DdsTransport(dom)
+    publish = {arm: transport.publisher(f"/leader_{arm}/joint_states", JointState, qos="sensor") for arm in ("left", "right")}
+    done = threading.Event()
+
+    def leader() -> None:
+        while not done.wait(0.01):
+            for k, arm in enumerate(("left", "right")):
+                publish[arm](JointState(Header(Time.now()), joints, list(home[7 * k:7 * k + 7]), [0.0] * 7, []))
+
+    threading.Thread(target=leader, daemon=True).start()
+    try:
+        store = tmp_path / "demos"
+        run = subprocess.run([sys.executable, "-m", "robo_rl.cli.main", "record", "robot=aloha", "teleop=leader",
+                              f"domain_id={dom}", "transport=dds", f"out={store}", "cameras=[top,left_wrist]",
+                              "image_size=[48,64]", "auto_start=true", "episodes=2", "episode_s=1.5", "task=transfer_cube"],
+                             capture_output=True, text=True, env=env, timeout=240, stdin=subprocess.DEVNULL)
+    finally:
+        done.set()
+        stop_bridge(bridge)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "2 episode(s) committed" in run.stdout, run.stdout
+    with EpisodeStore.open(store) as demos:
+        assert demos.image_codec == "jpeg" and demos.train_image_size == (48, 64)
+        assert demos.schema.keys["obs/images/top"].shape == (480, 640, 3)
+        full = demos.read("obs/images/top", 0, 1)[0]
+        assert full.reshape(-1, 3).std(0).min() > 5  # a picture of the scene, not a blank
+        assert min(demos.image_psnr().values()) > 30  # what JPEG lost, measured as it was written
+        # a 15 fps camera read at 50 Hz: most steps repeat the previous frame, stored once
+        repeat = demos._read_rows("repeat/obs/images/top", slice(0, demos.n_steps))
+        assert (repeat > 0).mean() > 0.3
+        assert demos.validate() == []
+    train = subprocess.run([sys.executable, "-m", "robo_rl.cli.main", "train", "policy=flow", "task=transfer_cube",
+                            f"dataset={store}", f"run_dir={tmp_path / 'run'}", "learner.steps=5", "learner.batch_size=8",
+                            "eval.episodes=0", "policy.dit_dim=32", "policy.dit_depth=2", "policy.image_encoder=conv",
+                            "policy.n_obs=1", "obs_keys=[obs/qpos,obs/images/top]"],
+                           capture_output=True, text=True, env=env, timeout=240)
+    assert train.returncode == 0, train.stdout + train.stderr
+    from robo_rl.policies import load_policy, read_checkpoint
+
+    policy = load_policy(read_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt"))
+    assert policy.shapes.images == {"obs/images/top": (48, 64)}  # trained on the copies, not the full frames
+
+
 # ---------------------------------------------------------------------------------------- config errors
 
 

@@ -83,6 +83,8 @@ def _print_info(facts: dict) -> None:
         *([("image loss (PSNR at write time, worst episode)",
             ", ".join(f"{cam} {db:.1f} dB" for cam, db in facts["image_psnr_db"].items()) or "-")]
           if facts.get("image_psnr_db") is not None else []),
+        *([("training-size copies (what train reads)", "x".join(str(v) for v in facts["train_image_size"]))]
+          if facts.get("train_image_size") else []),
         ("size on disk", human_bytes(facts["bytes_on_disk"])),
         ("schema version", facts["schema_version"]),
     ]
@@ -220,6 +222,10 @@ def export_lerobot(cfg: DictConfig, paths: list[str]) -> int:
     if rows:
         print_table("camera frames after encoding (decoded back and compared with the store)",
                     ["camera", "codec", "PSNR", "max |error|", "mean |error|"], rows)
+        if report.get("store_image_loss"):  # a JPEG store: video cannot carry its frames without a second loss
+            first = ", ".join(f"{cam} {db:.1f} dB" for cam, db in report["store_image_loss"].items())
+            print(f"the store's frames are {report['store_image_codec']} already (PSNR at write time: {first}); "
+                  "the video's loss above comes on top of it")
     print(f"{out}: LeRobot v3.0, {report['episodes']} episode(s), {report['frames']} frames; numeric columns exact")
     return 0
 

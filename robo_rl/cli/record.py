@@ -31,15 +31,21 @@ def main(argv: list[str]) -> int:
     return run_app("record", "record", run, argv)
 
 
-def store_schema(opened: Any, cameras: list[str], image_size: tuple[int, int]) -> Any:
+def store_schema(opened: Any, cameras: list[str], image_size: tuple[int, int] | None) -> Any:
+    """The store's keys for this robot. `image_size` None: each camera at its full size (the
+    robot description's), the store keeping training-size copies beside."""
     from robo_rl.data.schema import Schema
 
     spec = opened.robot.spec
+    described = {c.name: (c.height, c.width) for c in spec.cameras}
+    if image_size is None and set(cameras) - set(described):
+        raise ConfigError(f"record: camera(s) {sorted(set(cameras) - set(described))} are not in robot={spec.name}'s "
+                          f"cameras ({sorted(described) or 'none'})")
     n = spec.action_dim
     keys = {"obs/qpos": ((n,), "float32"), "obs/qvel": ((n,), "float32"), "action": ((n,), "float32")}
     if opened.twin is not None:  # the twin also knows where the objects are
         keys["obs/env_state"] = (opened.twin.observation_space["env_state"].shape, "float32")
-    keys.update({f"obs/images/{c}": ((*image_size, 3), "uint8") for c in cameras})
+    keys.update({f"obs/images/{c}": ((*(image_size or described[c]), 3), "uint8") for c in cameras})
     return Schema.build(keys, fps=spec.control_hz, robot=spec.name)
 
 
@@ -172,6 +178,7 @@ class RecordSession:
 
 def run(cfg: DictConfig) -> int:
     from robo_rl.data.recorder import Recorder
+    from robo_rl.data.store import DEFAULT_IMAGE_CODEC
     from robo_rl.runtime.controller import ControllerConfig, observation_window
     from robo_rl.runtime.episodes import PerRobot, run_episodes
     from robo_rl.runtime.sources import OperatorCommands
@@ -203,7 +210,10 @@ def run(cfg: DictConfig) -> int:
             policy_inputs_on_robot("record", str(cfg.robot), policy.policy.shapes)
     elif cfg.robot == "sim" and not cfg.task:
         cfg.task = "transfer_cube"
-    opened = open_robot(cfg, cameras, image_size)
+    # real cameras: full frames, JPEG by default (bench/lossy_codecs.py), with copies at image_size
+    # for training; the twin renders at image_size and stores losslessly unless asked
+    real = cfg.robot != "sim"
+    opened = open_robot(cfg, cameras, None if real else image_size)
     _, _, estop = safety_for(opened)
     listen_estop(opened.robot, cfg.estop_topic, estop)
     keys = live = recorder = device = viewer = session = None
@@ -217,7 +227,9 @@ def run(cfg: DictConfig) -> int:
         # view=true: the Rerun viewer (robo_rl/cli/view.py), first: if it cannot open, the terminal is as it was
         live = open_live_view(cfg, "record", opened.robot.spec.joint_names)
         keys = SessionKeys(estop=estop, episode_keys=EPISODE_KEYS)
-        recorder = Recorder(str(cfg.out), store_schema(opened, cameras, image_size))
+        recorder = Recorder(str(cfg.out), store_schema(opened, cameras, None if real else image_size),
+                            image_codec=cfg.image_codec or ("jpeg" if real else DEFAULT_IMAGE_CODEC),
+                            image_quality=int(cfg.image_quality), train_image_size=image_size if real else None)
         opened.robot.connect()
         device = open_device(cfg, opened, keys)
         # HG-DAgger's human corrects at once: no RECOVERY steps (as in robo-rl rac)

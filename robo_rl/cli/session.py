@@ -42,10 +42,11 @@ class OpenRobot:
         return self._kinematics
 
 
-def open_robot(cfg: DictConfig, cameras: Sequence[str] = (), image_size: Sequence[int] = (240, 320),
+def open_robot(cfg: DictConfig, cameras: Sequence[str] = (), image_size: Sequence[int] | None = (240, 320),
                task: str | None = None) -> OpenRobot:
-    """robot=sim: the twin of `task` (default cfg.task) in this process; otherwise
-    hardware/<robot>.yaml over ROS 2, reading `cameras` resized to `image_size`."""
+    """robot=sim: the twin of `task` (default cfg.task) in this process, rendering `cameras` at
+    `image_size`; otherwise hardware/<robot>.yaml over ROS 2, reading `cameras` resized to
+    `image_size` (None: at the size the description gives them, the full frames)."""
     if cfg.robot == "sim":
         from robo_rl.sim.envs import BimanualEnv, TaskTwin
         from robo_rl.sim.tasks import TASKS
@@ -60,7 +61,13 @@ def open_robot(cfg: DictConfig, cameras: Sequence[str] = (), image_size: Sequenc
     from robo_rl.hardware.ros2.rclpy_transport import make_transport
     from robo_rl.hardware.ros2.robot import Ros2Robot
 
-    robot = Ros2Robot(str(cfg.robot), cameras=list(cameras), image_sizes={c: tuple(image_size) for c in cameras})
+    if image_size is None:
+        from robo_rl.hardware.robot import RobotSpec
+
+        sizes = {c.name: (c.height, c.width) for c in RobotSpec.from_yaml(str(cfg.robot)).cameras}
+    else:
+        sizes = {c: tuple(image_size) for c in cameras}
+    robot = Ros2Robot(str(cfg.robot), cameras=list(cameras), image_sizes=sizes)
     domain = robot.config.domain_id if cfg.domain_id is None else int(cfg.domain_id)
     robot.transport = make_transport(domain, str(cfg.transport))
     return OpenRobot(robot, str(cfg.robot), transport=robot.transport)

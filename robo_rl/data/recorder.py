@@ -15,6 +15,7 @@ Crash behaviour:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -60,7 +61,8 @@ class _Ring:
     def __init__(self, path: str, schema: Schema, slots: int, create: bool):
         self.path = path
         self.slots = slots
-        layout = [("header", (_HEADER,), "int64"), ("timestamp", (slots,), "float64"), ("segment", (slots,), "uint8")]
+        layout = [("header", (_HEADER,), "int64"), ("timestamp", (slots,), "float64"), ("segment", (slots,), "uint8"),
+                  ("same_frame", (slots, max(1, len(schema.image_keys))), "bool")]  # per camera: the previous step's frame
         layout += [(k, (slots, *s.shape), s.dtype) for k, s in schema.keys.items()]
         offsets, total = [], 0
         for _, shape, dtype in layout:
@@ -78,6 +80,51 @@ class _Ring:
             n = int(np.prod(shape)) * np.dtype(dtype).itemsize
             self.arrays[name] = self._mm[off : off + n].view(dtype).reshape(shape)
         self.header = self.arrays.pop("header")
+
+
+def _sample(frame: np.ndarray) -> np.ndarray:
+    """Eight whole rows of a frame: enough to tell a new picture (every row changes, sensor noise
+    alone sees to it) at a few contiguous cache lines each; a strided pixel grid over the frame
+    cost ~0.1 ms per 640x480 frame in cache misses."""
+    return frame[:: max(1, len(frame) // 8)]
+
+
+class _FrameCopier:
+    """The control process's thread that copies camera frames into the ring and then publishes
+    their step, in order. A frame whose sparse sample changed between `add_step` and its copy was
+    written into by the caller: the step is not published and the recorder fails loudly."""
+
+    def __init__(self, ring: "_Ring", header: np.ndarray):
+        import queue
+        import threading
+
+        self.ring, self.header = ring, header
+        self.error = ""
+        self._queue: Any = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="recorder-frame-copier", daemon=True)
+        self._thread.start()
+
+    def put(self, slot: int, frames: Any, produced: int) -> None:
+        self._queue.put((slot, frames, produced))
+
+    def stop(self) -> None:
+        self._queue.put(None)
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        arrays = self.ring.arrays
+        while True:
+            item = self._queue.get()
+            if item is None or self.error:
+                return
+            slot, frames, produced = item
+            for key, frame, sample in frames:
+                arrays[key][slot] = frame
+                if not np.array_equal(_sample(arrays[key][slot]), sample):
+                    self.error = (f"a frame of '{key}' changed after add_step handed it over (its array was "
+                                  "written into); pass Recorder(..., snapshots=False) to copy frames in add_step")
+                    return
+            self.header[_PRODUCED] = produced
 
 
 class _Inbox:
@@ -114,8 +161,12 @@ def _writer_main(store_path: str, ring_path: str, slots: int) -> int:
     # stdin (or dies), after committing every ended episode. (SIGKILL of the group still takes it.)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Leave the CPU to the control loop first; compress with one thread so a 2-core machine keeps
-    # a core for the loop.
+    # a core for the loop. SCHED_IDLE (this process and the threads it starts) yields a core the
+    # moment the loop wakes; a nice level still let the writer delay the loop's ticks by
+    # milliseconds under three cameras' JPEG encoding (bench/data.py, real cameras).
     os.nice(10)
+    with contextlib.suppress(AttributeError, OSError):  # Linux only
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     numcodecs.blosc.set_nthreads(1)
     zarr.config.set({"threading.max_workers": 1})
     try:
@@ -130,6 +181,8 @@ def _writer_main(store_path: str, ring_path: str, slots: int) -> int:
     messages = inbox.messages
     writer = None
     keys = list(store.schema.keys)
+    images = list(store.schema.image_keys)
+    last_frame: dict[str, np.ndarray] = {}  # camera key -> the newest frame that came through the ring
     try:
         while True:
             # Read the step count BEFORE the messages: every message is sent before the steps
@@ -158,16 +211,27 @@ def _writer_main(store_path: str, ring_path: str, slots: int) -> int:
             limit = min(produced, messages[0][1]) if messages else produced
             while consumed < limit:
                 slot = consumed % slots
-                step = {k: ring.arrays[k][slot].copy() for k in keys}
+                # camera frames are handed over in place: the writer copies them into its own
+                # buffers (a fresh copy per frame cost page faults: bench/data.py, real cameras);
+                # a frame the loop marked as the previous step's again was never copied to the ring
+                step = {k: v[slot] if k in images else v[slot].copy() for k, v in ring.arrays.items() if k in keys}
+                for c, k in enumerate(images):
+                    if ring.arrays["same_frame"][slot, c] and k in last_frame:
+                        step[k] = last_frame[k]
+                    elif k in last_frame:
+                        np.copyto(last_frame[k], step[k])
+                    else:
+                        last_frame[k] = step[k].copy()
                 ts = float(ring.arrays["timestamp"][slot])
                 seg = int(ring.arrays["segment"][slot])
-                consumed += 1
-                header[_CONSUMED] = consumed  # the slot is free as soon as it is copied
                 if writer is not None:
                     writer.add(step, ts, seg, checked=True)
-            if inbox.eof and not messages and consumed == int(header[_PRODUCED]):
-                # The control process is gone and everything it sent is handled. An episode it
-                # never ended is not committed.
+                consumed += 1
+                header[_CONSUMED] = consumed  # the slot is free once the writer has its copy
+            if inbox.eof and consumed == int(header[_PRODUCED]) and (not messages or messages[0][1] > consumed):
+                # The control process is gone and everything it sent is handled (or the steps a
+                # message waits for never arrived: it died with frames still to copy). An episode
+                # it never ended, or whose steps did not all arrive, is not committed.
                 if writer is not None:
                     writer.discard()
                 return 0
@@ -198,11 +262,18 @@ class Recorder:
         overwrite: bool = False,
         start_timeout: float = 60.0,
         image_quality: int = DEFAULT_IMAGE_QUALITY,
+        train_image_size: tuple[int, int] | None = None,
+        snapshots: bool = True,
     ):
+        """`image_codec`, `image_quality`, `train_image_size`: how a new store keeps camera frames
+        (EpisodeStore.create); an existing store keeps its own. `snapshots`: camera frames handed
+        to `add_step` are never written into afterwards (a camera's newest-frame snapshot, a
+        render), so they are copied off the caller's thread; False copies them in `add_step`,
+        for a caller that reuses its frame arrays."""
         path = str(path)
         if schema is not None:  # create it, or check that the existing store holds this schema
             EpisodeStore.open_or_create(path, schema, overwrite=overwrite, image_codec=image_codec,
-                                        image_quality=image_quality).close()
+                                        image_quality=image_quality, train_image_size=train_image_size).close()
         with EpisodeStore.open(path, mode="r") as probe:
             self.schema = probe.schema
             self._first_episode = probe.n_episodes
@@ -236,6 +307,10 @@ class Recorder:
         self._open = False
         self._ended = 0
         self._last_ts: float | None = None
+        # Camera frames are copied into the ring by a thread (numpy copies without the GIL), so
+        # the loop is not held ~0.5 ms per 640x480 frame: it hands over the arrays, which must
+        # then not be written into (camera snapshots, renders); one that is, is caught.
+        self._copier = _FrameCopier(self._ring, self._header) if snapshots and self.schema.image_keys else None
         # Timings of the latest steps only, so hours of recording do not grow memory.
         self._blocked = np.zeros(_TIMING_WINDOW)
         self._end_times: list[float] = []
@@ -251,6 +326,7 @@ class Recorder:
         self._open = True
         self._last_ts = None
         self._step_in_episode = 0
+        self._last_frames: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # camera -> (array, a sparse sample)
 
     def add_step(self, step: Mapping[str, Any], timestamp: float, segment: Segment | int | str = Segment.TELEOP) -> None:
         """Validate and hand over one step. Raises SchemaError for bad input; nothing is written then."""
@@ -266,7 +342,7 @@ class Recorder:
             raise SchemaError(f"{where}: timestamp {ts:.6f} goes backwards (previous step {self._last_ts:.6f})")
         seg = int(Segment.parse(segment))
         header = self._header
-        if header[_FAILED]:
+        if header[_FAILED] or (self._copier is not None and self._copier.error):
             self._check_alive()
         if self._produced - header[_CONSUMED] >= self._slots:
             self._stalls += 1
@@ -275,12 +351,32 @@ class Recorder:
                 time.sleep(0.0002)
         slot = self._produced % self._slots
         arrays = self._ring.arrays
-        for k, v in values.items():
-            arrays[k][slot] = v
+        same = arrays["same_frame"][slot]
+        frames = []
+        for c, k in enumerate(self.schema.image_keys):
+            # A camera slower than the loop hands the same frame array again (a ROS 2 camera's
+            # snapshot): that step's frame is not copied. The sparse sample catches an array
+            # written into in place, which then counts as a new frame.
+            v, last = values[k], self._last_frames.get(k)
+            same[c] = last is not None and v is last[0] and np.array_equal(_sample(v), last[1])
+            if not same[c]:
+                sample = _sample(v).copy()
+                self._last_frames[k] = (v, sample)
+                frames.append((k, v, sample))
+        for k in self.schema.lowdim_keys:
+            arrays[k][slot] = values[k]
         arrays["timestamp"][slot] = ts
         arrays["segment"][slot] = seg
         self._produced += 1
-        header[_PRODUCED] = self._produced  # publish after the data is in place
+        if self._copier is not None and frames:
+            self._copier.put(slot, frames, self._produced)  # publishes the step once its frames are in
+        else:
+            for k, v, _ in frames:
+                arrays[k][slot] = v
+            if self._copier is not None:
+                self._copier.put(slot, (), self._produced)  # in order behind the steps still copying
+            else:
+                header[_PRODUCED] = self._produced  # publish after the data is in place
         self._last_ts = ts
         self._step_in_episode += 1
         self._blocked[(self._produced - 1) % _TIMING_WINDOW] = time.perf_counter() - t0
@@ -329,6 +425,8 @@ class Recorder:
                 self._send("close", None)
         finally:
             self._closed = True
+            if self._copier is not None:
+                self._copier.stop()
             try:
                 self._proc.stdin.close()
                 self._proc.wait(60)
@@ -382,6 +480,8 @@ class Recorder:
     def _check_alive(self) -> None:
         if self._closed:
             raise StoreError(f"{self.path}: recorder is closed")
+        if self._copier is not None and self._copier.error:
+            raise StoreError(f"{self.path}: {self._copier.error}")
         self._check_error(raise_it=True)
         if self._proc.poll() is not None:
             raise StoreError(

@@ -9,7 +9,8 @@ unknown future, so its padded actions are flagged `action_is_cut` and the polici
 them; learning "hold still" there would teach the policy to stall where the cut happened.
 
 Every step of every selected episode is one window. The selected episodes are read into memory
-once (camera frames decoded), so drawing a batch is a handful of vectorised gathers rather than
+once (camera frames decoded: a store's training-size copies where it keeps them, so training
+never decodes a full camera frame), so drawing a batch is a handful of vectorised gathers rather than
 per-sample slicing; low-dimensional data can live on the GPU with indices drawn there too.
 """
 
@@ -83,7 +84,14 @@ class WindowSampler:
             raise ConfigError(f"{store.location}: no episodes to sample from")
         ranges = [store.episode_range(i) for i in self.episodes]
         lengths = np.array([e - s for s, e in ranges], dtype=np.int64)
-        needed = sum(store.schema.keys[k].nbytes for k in {*obs_keys, action_key}) * int(lengths.sum())
+        # a camera is read at the store's training size when it keeps copies at that size
+        small = store.train_image_size
+        self.image_sizes = {k: tuple(small or store.schema.keys[k].shape[:2]) for k in obs_keys
+                            if k in store.schema.image_keys}
+        row_bytes = {k: store.schema.keys[k].nbytes for k in {*obs_keys, action_key}}
+        for k, (h, w) in self.image_sizes.items():
+            row_bytes[k] = h * w * store.schema.keys[k].shape[2]
+        needed = sum(row_bytes.values()) * int(lengths.sum())
         budget = (max_memory_gb or _available_memory_gb() * 0.7) * 2**30
         if needed > budget:
             raise ConfigError(
@@ -93,7 +101,7 @@ class WindowSampler:
         # One contiguous array per key holding just the selected episodes.
         self.data: dict[str, Any] = {}
         for key in {*obs_keys, action_key, SEGMENT_KEY}:
-            parts = _read_ranges(store, key, ranges)
+            parts = _read_ranges(store, key, ranges, small=bool(small) and key in self.image_sizes)
             self.data[key] = parts
         ends = np.cumsum(lengths)
         starts = ends - lengths
@@ -194,7 +202,7 @@ class WindowSampler:
         return self._cdf
 
 
-def _read_ranges(store: EpisodeStore, key: str, ranges: list[tuple[int, int]]) -> np.ndarray:
+def _read_ranges(store: EpisodeStore, key: str, ranges: list[tuple[int, int]], small: bool = False) -> np.ndarray:
     """Concatenate rows of the given [start, end) ranges, merging touching ranges into one read."""
     merged: list[list[int]] = []
     for s, e in ranges:
@@ -202,7 +210,7 @@ def _read_ranges(store: EpisodeStore, key: str, ranges: list[tuple[int, int]]) -
             merged[-1][1] = e
         else:
             merged.append([s, e])
-    parts = [store.read(key, s, e) for s, e in merged]
+    parts = [store.read(key, s, e, small=small) for s, e in merged]
     return np.concatenate(parts) if len(parts) > 1 else parts[0]
 
 

@@ -6,6 +6,12 @@ Layout (one zarr group):
     data/<key>              one array per key, all episodes concatenated along time
     data/timestamp          float64 seconds per step
     data/segment            uint8 Segment label per step
+    repeat/<image key>      uint16 per step: 0, or how many steps back the step holding this step's
+                            frame is (a camera at 30 fps read by a 50 Hz loop repeats frames; a
+                            repeated frame is stored once, its rows hold the fill value, which
+                            zarr does not write)
+    small/<image key>       with `train_image_size`: each frame downscaled to the size policies
+                            train on, so training never decodes a full frame
     meta/episode_info       one JSON string per episode (EpisodeMeta)
     meta/episode_ends       int64 end index per episode -- written last: the commit point
     meta/stats              attributes: normalisation statistics and the step count they cover
@@ -51,7 +57,7 @@ from robo_rl.data.schema import (
     Schema,
     Segment,
 )
-from robo_rl.data.codecs import decode_frame_jpeg, encode_jpeg, jpeg_frames_codec, psnr
+from robo_rl.data.codecs import JPEG_CODEC_NAME, decode_frame_jpeg, encode_jpeg, jpeg_frames_codec, psnr, resize_rgb
 from robo_rl.errors import SchemaError, StoreError
 
 log = logging.getLogger(__name__)
@@ -79,6 +85,8 @@ READ_RETRIES = 8
 LOWDIM_CHUNK = 1024  # steps per chunk for low-dimensional keys
 LOWDIM_SHARD = 16384  # steps per shard file (~5.5 min at 50 Hz)
 IMAGE_SHARD = 128  # frames per shard file: an hour at 50 Hz is ~1,400 files per camera
+SMALL_IMAGE_SHARD = 1024  # training-size frames per shard file (96x96: ~5 MB as JPEG)
+MAX_REPEAT = np.iinfo(np.uint16).max  # a camera frozen longer than this stores its frame again
 
 
 def _is_remote(path: str) -> bool:
@@ -131,7 +139,13 @@ class EpisodeStore:
         self.schema = Schema.from_json(attrs["robo_rl"], where=location)
         self.image_codec: str = attrs["robo_rl"].get("image_codec", DEFAULT_IMAGE_CODEC)
         self.image_quality: int | None = attrs["robo_rl"].get("image_quality")  # lossy codecs only
+        small = attrs["robo_rl"].get("train_image_size")
+        # the size the store keeps a copy of every frame at for training (None: frames are that size)
+        self.train_image_size: tuple[int, int] | None = (int(small[0]), int(small[1])) if small else None
+        self.frame_repeats: bool = bool(attrs["robo_rl"].get("frame_repeats", False))  # stores older than it: False
         self._arrays: dict[str, zarr.Array] = {}
+        self._buffers: dict[str, _FrameBuffer] = {}  # a writer's pending camera frames, reused
+        self._held_frames: dict[str, np.ndarray] = {}  # camera key -> the newest frame stored, to spot repeats
         self._ends = np.zeros(0, dtype=np.int64)
         self._infos: list[EpisodeMeta] = []
         self._dropped_at_open: RepairReport | None = None  # what opening for append cut off
@@ -146,9 +160,11 @@ class EpisodeStore:
         overwrite: bool = False,
         image_codec: str = DEFAULT_IMAGE_CODEC,
         image_quality: int = DEFAULT_IMAGE_QUALITY,
+        train_image_size: Sequence[int] | None = None,
     ) -> "EpisodeStore":
         """Create an empty store at a local path and open it for appending. `image_codec`: a
-        lossless one (IMAGE_CODECS) or `jpeg` at `image_quality` (1..100)."""
+        lossless one (IMAGE_CODECS) or `jpeg` at `image_quality` (1..100). `train_image_size`
+        [height, width]: also keep every frame downscaled to it (`read(..., small=True)`)."""
         if _is_remote(str(path)):
             raise StoreError(f"{path}: stores are created locally; copy to remote storage afterwards")
         if image_codec not in IMAGE_CODECS and image_codec not in LOSSY_IMAGE_CODECS:
@@ -156,6 +172,7 @@ class EpisodeStore:
                              f"{sorted(IMAGE_CODECS) + list(LOSSY_IMAGE_CODECS)}")
         if image_codec in LOSSY_IMAGE_CODECS and not 1 <= int(image_quality) <= 100:
             raise StoreError(f"image_quality={image_quality}: JPEG quality is 1..100")
+        small = _train_size(schema, train_image_size, str(path))
         root = _local_path(path)
         if root.exists() and any(root.iterdir()):
             if not overwrite:
@@ -166,10 +183,17 @@ class EpisodeStore:
         try:
             group = zarr.open_group(str(root), mode="a", zarr_format=3)  # "w" would delete the lock file
             lossy = {"image_quality": int(image_quality)} if image_codec in LOSSY_IMAGE_CODECS else {}
-            group.attrs["robo_rl"] = {**schema.to_json(), "image_codec": image_codec, **lossy}
+            extras = {"frame_repeats": True, **({"train_image_size": list(small)} if small else {})}
+            group.attrs["robo_rl"] = {**schema.to_json(), "image_codec": image_codec, **lossy, **extras}
             for spec in schema.keys.values():
                 _create_data_array(group, spec.name, spec.shape, spec.dtype, spec.is_image, image_codec,
                                    int(image_quality))
+                if spec.is_image:
+                    group.create_array(f"repeat/{spec.name}", shape=(0,), chunks=(LOWDIM_CHUNK,), shards=(LOWDIM_SHARD,),
+                                       dtype="uint16", compressors=(ZstdCodec(level=3), Crc32cCodec()), fill_value=0)
+                    if small:
+                        _create_data_array(group, spec.name, (*small, spec.shape[2]), spec.dtype, True, image_codec,
+                                           int(image_quality), prefix="small", shard=SMALL_IMAGE_SHARD)
             _create_data_array(group, TIMESTAMP_KEY, (), "float64", False, image_codec)
             _create_data_array(group, SEGMENT_KEY, (), "uint8", False, image_codec)
             group.create_array("meta/episode_ends", shape=(0,), chunks=(4096,), dtype="int64", fill_value=0)
@@ -304,27 +328,106 @@ class EpisodeStore:
         return list(self._infos)
 
     def array(self, key: str) -> zarr.Array:
-        """The raw zarr array of a key (rows past `n_steps` are not committed)."""
-        if key not in self._arrays:
-            if key not in self.data_keys:
-                raise StoreError(f"{self.location}: no key {key!r}; keys are {self.data_keys}")
-            self._arrays[key] = self._group[f"data/{key}"]
-        return self._arrays[key]
+        """The raw zarr array of a key (rows past `n_steps` are not committed; a repeated camera
+        frame's row holds zeros: `read` fills it in)."""
+        if key not in self.data_keys:
+            raise StoreError(f"{self.location}: no key {key!r}; keys are {self.data_keys}")
+        return self._node(f"data/{key}")
 
-    def read(self, key: str, start: int = 0, stop: int | None = None) -> np.ndarray:
-        """Rows [start, stop) of a key, never past the committed end."""
+    def _node(self, path: str) -> zarr.Array:
+        if path not in self._arrays:
+            node = self._group[path]
+            if path.startswith(("data/obs/images/", "small/")):
+                # a frame of zeros is a repeated one, which the frame codecs store in a few bytes:
+                # zarr's own test for empty chunks compares every 1 MB frame against a fresh one
+                node = node.with_config({"write_empty_chunks": True})
+            self._arrays[path] = node
+        return self._arrays[path]
+
+    def _jpeg_shards(self, path: str, node: zarr.Array) -> bool:
+        """Whether `path` is a local array of one-frame JPEG chunks in shards, which `read` decodes
+        itself: zarr's pipeline costs ~0.7 ms per chunk, ten times a 96x96 frame's decoding."""
+        if self.image_quality is None or _is_remote(self.location) or not path.startswith(("data/obs/images/", "small/")):
+            return False
+        codecs = node.metadata.to_dict().get("codecs", [])
+        if len(codecs) != 1 or codecs[0].get("name") != "sharding_indexed":
+            return False
+        conf = codecs[0]["configuration"]
+        return (conf.get("index_location", "end") == "end" and conf["chunk_shape"][0] == 1
+                and [c["name"] for c in conf["codecs"]] == [JPEG_CODEC_NAME, "crc32c"]
+                and [c["name"] for c in conf["index_codecs"]] == ["bytes", "crc32c"])
+
+    @property
+    def _frame_paths(self) -> list[str]:
+        """The camera arrays: full frames and training-size copies."""
+        return [f"data/{k}" for k in self.schema.image_keys] + \
+            ([f"small/{k}" for k in self.schema.image_keys] if self.train_image_size else [])
+
+    def _frame_buffer(self, path: str) -> "_FrameBuffer":
+        if path not in self._buffers:
+            arr = self._node(path)
+            capacity = arr.shards[0] if arr.shards else arr.chunks[0]
+            self._buffers[path] = _FrameBuffer(arr.shape[1:], arr.dtype, capacity)
+        return self._buffers[path]
+
+    @property
+    def _step_arrays(self) -> list[str]:
+        """Every array with one row per step: the data keys and the frames' repeat counts and
+        training-size copies. All are cut back together when an episode is dropped."""
+        paths = [f"data/{k}" for k in self.data_keys]
+        for k in self.schema.image_keys:
+            paths += [f"repeat/{k}"] if self.frame_repeats else []
+            paths += [f"small/{k}"] if self.train_image_size else []
+        return paths
+
+    def read(self, key: str, start: int = 0, stop: int | None = None, small: bool = False) -> np.ndarray:
+        """Rows [start, stop) of a key, never past the committed end. `small`: a camera's frames
+        at the store's `train_image_size` (the copies kept for training), not full size."""
         stop = self.n_steps if stop is None else min(stop, self.n_steps)
+        if key not in self.data_keys:
+            raise StoreError(f"{self.location}: no key {key!r}; keys are {self.data_keys}")
+        path = f"data/{key}"
+        if small:
+            if key not in self.schema.image_keys or self.train_image_size is None:
+                raise StoreError(f"{self.location}: no training-size copies of {key!r} "
+                                 f"({'not a camera' if key not in self.schema.image_keys else 'none kept'})")
+            path = f"small/{key}"
+        if not self.frame_repeats or key not in self.schema.image_keys or stop <= start:
+            return self._read_rows(path, slice(start, stop))
+        back = self._read_rows(f"repeat/{key}", slice(start, stop)).astype(np.int64)
+        if not back.any():
+            return self._read_rows(path, slice(start, stop))
+        # a repeated frame's row is empty: its frame is the one of the step that holds it, which
+        # is never a repeat itself and may lie before `start`
+        src = np.arange(start, stop) - back
+        if self._jpeg_shards(path, self._node(path)):
+            return self._read_rows(path, src)  # decodes each frame once, repeats copied
+        rows = self._read_rows(path, slice(start, stop))
+        inside = (back > 0) & (src >= start)
+        rows[inside] = rows[src[inside] - start]
+        before = src < start
+        if before.any():
+            held = np.unique(src[before])
+            rows[before] = self._read_rows(path, held)[np.searchsorted(held, src[before])]
+        return rows
+
+    def _read_rows(self, path: str, rows: slice | np.ndarray) -> np.ndarray:
         for attempt in range(READ_RETRIES):
             try:
-                return np.asarray(self.array(key)[start:stop])
+                node = self._node(path)
+                if self._jpeg_shards(path, node):
+                    return _read_jpeg_shards(Path(self.location) / path, node, rows)
+                return np.array(node[rows] if isinstance(rows, slice) else node.oindex[rows])
             except (ValueError, RuntimeError, OSError) as e:
                 # A shard replaced by the writer between our reads of it (checksum or codec
                 # error): read it again from the new version.
                 failure = e
-                self._arrays.pop(key, None)
+                self._arrays.pop(path, None)
                 time.sleep(0.005 * (attempt + 1))
+        where = f"rows {rows.start}:{rows.stop}" if isinstance(rows, slice) else f"rows {rows.tolist()[:8]}"
+        name = path.removeprefix("data/")  # a key's own name; "small/<key>" for its training-size copies
         raise StoreError(
-            f"{self.location}: key '{key}' rows {start}:{stop} unreadable after {READ_RETRIES} tries "
+            f"{self.location}: key '{name}' {where} unreadable after {READ_RETRIES} tries "
             f"({type(failure).__name__}: {failure}); run robo-rl dataset validate"
         )
 
@@ -386,8 +489,8 @@ class EpisodeStore:
         """Cut every array back to the committed end (rows of an interrupted or discarded episode)."""
         report = RepairReport(episodes=self.n_episodes)
         end = self.n_steps
-        for key in self.data_keys:
-            arr = self.array(key)
+        for path in self._step_arrays:
+            arr = self._node(path)
             if arr.shape[0] > end:
                 report.dropped_steps = max(report.dropped_steps, arr.shape[0] - end)
                 arr.resize((end, *arr.shape[1:]))
@@ -424,7 +527,8 @@ class EpisodeStore:
     def copy_episodes(self, out: str | os.PathLike, episodes: Sequence[int] | None = None, overwrite: bool = False) -> "EpisodeStore":
         """Write the chosen episodes (default all) to a new store at `out`; returns it open for appending."""
         dst = EpisodeStore.create(out, self.schema, overwrite=overwrite, image_codec=self.image_codec,
-                                  image_quality=self.image_quality or DEFAULT_IMAGE_QUALITY)
+                                  image_quality=self.image_quality or DEFAULT_IMAGE_QUALITY,
+                                  train_image_size=self.train_image_size)
         try:
             _copy_into(self, dst, range(self.n_episodes) if episodes is None else episodes)
         except BaseException:
@@ -473,7 +577,8 @@ class EpisodeStore:
                     f"{first.location} has {first.schema.to_json()['keys']} at {first.schema.fps} fps"
                 )
         dst = EpisodeStore.create(out, first.schema, overwrite=overwrite, image_codec=first.image_codec,
-                                  image_quality=first.image_quality or DEFAULT_IMAGE_QUALITY)
+                                  image_quality=first.image_quality or DEFAULT_IMAGE_QUALITY,
+                                  train_image_size=first.train_image_size)
         try:
             for s in stores:
                 _copy_into(s, dst, range(s.n_episodes))
@@ -528,6 +633,7 @@ class EpisodeStore:
             "image_codec": (None if not self.schema.image_keys else self.image_codec
                             + (f" (quality {self.image_quality})" if self.image_quality is not None else "")),
             "image_psnr_db": self.image_psnr(),
+            "train_image_size": list(self.train_image_size) if self.train_image_size else None,
             "bytes_on_disk": self.size_on_disk(),
             "schema_version": self.schema.version,
         }
@@ -549,8 +655,9 @@ class EpisodeStore:
         raw_ends = np.asarray(self._group["meta/episode_ends"][:])
         if len(raw_ends) > self.n_episodes:
             problems.append(f"{len(raw_ends) - self.n_episodes} unfinished episode record(s) past the last commit (run repair)")
-        for key in self.data_keys:
-            arr = self.array(key)
+        for path in self._step_arrays:
+            arr = self._node(path)
+            key = path.removeprefix("data/")
             if arr.shape[0] < self.n_steps:
                 problems.append(f"key '{key}': {arr.shape[0]} rows but episodes end at {self.n_steps}")
             elif arr.shape[0] > self.n_steps:
@@ -571,12 +678,22 @@ class EpisodeStore:
                 problems.append(f"episode {i} step {int(np.argmax(d < 0)) + 1}: timestamp goes backwards")
         if (seg >= len(Segment)).any():
             problems.append(f"segment: unknown label at step {int(np.argmax(seg >= len(Segment)))}")
-        for key, spec in self.schema.keys.items():
+        if self.frame_repeats:
+            starts = np.repeat(self.episode_starts, self.episode_lengths)
+            for key in self.schema.image_keys:
+                back = self._read_rows(f"repeat/{key}", slice(0, self.n_steps)).astype(np.int64)
+                src = np.arange(self.n_steps) - back
+                bad = (src < starts) | (back[src] != 0)
+                if bad.any():
+                    problems.append(f"key '{key}': step {int(np.argmax(bad))} repeats a frame outside its episode")
+        reads = [(key, spec, False) for key, spec in self.schema.keys.items()]
+        reads += [(key, self.schema.keys[key], True) for key in self.schema.image_keys if self.train_image_size]
+        for key, spec, small in reads:
             # Read every row of every key: each chunk's checksum is verified on the way.
             block_rows = max(1, (64 << 20) // max(spec.nbytes, 1))
             for start in range(0, self.n_steps, block_rows):
                 try:
-                    block = self.read(key, start, start + block_rows)
+                    block = self.read(key, start, start + block_rows, small=small)
                 except StoreError as e:
                     problems.append(str(e))
                     break
@@ -601,8 +718,13 @@ class EpisodeWriter:
         self.meta = meta
         self.start = store.n_steps
         self.length = 0
-        self._pending: dict[str, list[np.ndarray]] = {k: [] for k in store.data_keys}
-        self._flushed: dict[str, int] = {k: 0 for k in store.data_keys}
+        # rows not yet written, by array path: camera frames in buffers the store reuses
+        self._pending: dict[str, Any] = {p: [] for p in store._step_arrays}
+        for path in store._frame_paths:
+            self._pending[path] = store._frame_buffer(path)
+            self._pending[path].n = 0
+        self._flushed: dict[str, int] = {p: 0 for p in store._step_arrays}
+        self._since: dict[str, int] = {}  # camera key -> steps since its newest stored frame (store._held_frames)
         self._last_ts: float | None = None
         self._done = False
         self._psnr_sample: dict[str, float] = {}  # lossy store: per camera, the loss on the episode's first frame
@@ -625,15 +747,18 @@ class EpisodeWriter:
         if self._last_ts is not None and ts < self._last_ts:
             raise SchemaError(f"{where}: timestamp {ts:.6f} goes backwards (previous step {self._last_ts:.6f})")
         seg = Segment.parse(segment)
+        images = self.store.schema.image_keys
         for k, v in values.items():
-            self._pending[k].append(v)
-        self._pending[TIMESTAMP_KEY].append(np.float64(ts))
-        self._pending[SEGMENT_KEY].append(np.uint8(seg))
+            if k in images:
+                self._add_frame(k, v)
+            else:
+                self._pending[f"data/{k}"].append(v)
+        self._pending[f"data/{TIMESTAMP_KEY}"].append(np.float64(ts))
+        self._pending[f"data/{SEGMENT_KEY}"].append(np.uint8(seg))
         self._last_ts = ts
         self.length += 1
-        self._sample_image_loss({k: values[k] for k in self.store.schema.image_keys})
-        for k in self.store.schema.image_keys:
-            self._flush(k, final=False)
+        self._sample_image_loss({k: values[k] for k in images})
+        self._flush_frames()
 
     def add_block(self, data: Mapping[str, Any], timestamps: Any, segments: Any = Segment.TELEOP) -> None:
         """Add T steps at once: `data[key]` is (T, *shape)."""
@@ -666,15 +791,50 @@ class EpisodeWriter:
             if len(seg) != n:
                 raise SchemaError(f"{where}: {len(seg)} segment labels for {n} steps")
         for k, v in blocks.items():
-            self._pending[k].extend(v)
-        self._pending[TIMESTAMP_KEY].extend(ts)
-        self._pending[SEGMENT_KEY].extend(seg)
+            if k in schema.image_keys:
+                for frame in v:
+                    self._add_frame(k, frame)
+            else:
+                self._pending[f"data/{k}"].extend(v)
+        self._pending[f"data/{TIMESTAMP_KEY}"].extend(ts)
+        self._pending[f"data/{SEGMENT_KEY}"].extend(seg)
         if n:
             self._last_ts = float(ts[-1])
             self._sample_image_loss({k: blocks[k][0] for k in schema.image_keys})
         self.length += n
-        for k in schema.image_keys:
-            self._flush(k, final=False)
+        self._flush_frames()
+
+    def _add_frame(self, key: str, frame: np.ndarray) -> None:
+        """One step's frame of camera `key` (copied: the caller may reuse its array). The same
+        frame as the previous step's (a camera slower than the loop) is stored once: this step's
+        rows stay empty (zeros, which the frame codecs store in a few bytes) and `repeat` points back."""
+        store, pending = self.store, self._pending
+        since = self._since.get(key)
+        held = store._held_frames.get(key)
+        small = f"small/{key}" if store.train_image_size else None
+        for path in (f"data/{key}", small):
+            if path and pending[path].full:
+                self._flush(path, final=False)
+        if store.frame_repeats and since is not None and since < MAX_REPEAT and np.array_equal(frame, held):
+            self._since[key] = since + 1
+            pending[f"repeat/{key}"].append(np.uint16(since + 1))
+            pending[f"data/{key}"].append_blank()
+            if small:
+                pending[small].append_blank()
+            return
+        self._since[key] = 0
+        pending[f"data/{key}"].append(frame)
+        if store.frame_repeats:
+            pending[f"repeat/{key}"].append(np.uint16(0))
+            if held is None or held.shape != frame.shape:
+                held = store._held_frames[key] = np.empty_like(frame)
+            np.copyto(held, frame)
+        if small:
+            pending[small].append(resize_rgb(frame, store.train_image_size))
+
+    def _flush_frames(self) -> None:
+        for path in self.store._frame_paths:
+            self._flush(path, final=False)
 
     def _sample_image_loss(self, frames: Mapping[str, np.ndarray]) -> None:
         """A lossy store measures what its codec loses on the episode's first frame per camera
@@ -685,13 +845,13 @@ class EpisodeWriter:
         self._psnr_sample = {k.rsplit("/", 1)[-1]: round(psnr(f, decode_frame_jpeg(encode_jpeg(f, quality))), 2)
                              for k, f in frames.items()}
 
-    def _flush(self, key: str, final: bool) -> None:
-        """Write pending rows of `key`: whole shards while recording, everything at commit."""
-        pending = self._pending[key]
+    def _flush(self, path: str, final: bool) -> None:
+        """Write pending rows of array `path`: whole shards while recording, everything at commit."""
+        pending = self._pending[path]
         if not pending:
             return
-        arr = self.store.array(key)
-        pos = self.start + self._flushed[key]
+        arr = self.store._node(path)
+        pos = self.start + self._flushed[path]
         upto = pos + len(pending)
         if not final:
             shard = arr.shards[0] if arr.shards else arr.chunks[0]
@@ -701,9 +861,13 @@ class EpisodeWriter:
         n = upto - pos
         if arr.shape[0] < upto:
             arr.resize((upto, *arr.shape[1:]))
-        arr[pos:upto] = np.stack(pending[:n])
-        del pending[:n]
-        self._flushed[key] += n
+        if isinstance(pending, _FrameBuffer):
+            arr[pos:upto] = pending.rows[:n]
+            pending.drop(n)
+        else:
+            arr[pos:upto] = np.stack(pending[:n])
+            del pending[:n]
+        self._flushed[path] += n
 
     def commit(self, success: bool | None = None, **meta_updates: Any) -> int:
         """Make the episode visible. Data first, then its info, then its end (the commit point)."""
@@ -719,8 +883,8 @@ class EpisodeWriter:
         store = self.store
         if store.image_quality is not None and self._psnr_sample:
             self.meta.extra = {**(self.meta.extra or {}), "image_psnr_db": self._psnr_sample}
-        for key in store.data_keys:
-            self._flush(key, final=True)
+        for path in store._step_arrays:
+            self._flush(path, final=True)
         end = self.start + self.length
         idx = store.n_episodes
         group = store._group
@@ -750,6 +914,85 @@ class EpisodeWriter:
 
 
 # ---------------------------------------------------------------------- helpers
+class _FrameBuffer:
+    """Pending frames of one camera array, in rows allocated once per store and reused by every
+    episode: a fresh 1 MB array per frame costs page faults that, for three 640x480 cameras,
+    took more CPU than encoding them (bench/data.py, real cameras)."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: Any, capacity: int):
+        self.rows = np.empty((capacity, *shape), dtype=dtype)
+        self.n = 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    @property
+    def full(self) -> bool:
+        return self.n == len(self.rows)
+
+    def append(self, frame: np.ndarray) -> None:
+        self.rows[self.n] = frame
+        self.n += 1
+
+    def append_blank(self) -> None:
+        self.rows[self.n] = 0
+        self.n += 1
+
+    def drop(self, k: int) -> None:
+        """Forget the first k rows (written); the rest move to the front."""
+        rest = self.n - k
+        if rest:
+            self.rows[:rest] = self.rows[k:self.n].copy()
+        self.n = rest
+
+
+EMPTY_CHUNK = 2**64 - 1  # a shard index's offset for a chunk never written
+
+
+def _read_jpeg_shards(root: Path, node: zarr.Array, rows: slice | np.ndarray) -> np.ndarray:
+    """Rows of a one-frame-per-chunk JPEG array, read from its shard files directly (zarr's
+    sharding layout: the chunks' bytes, then an index of (offset, length) per chunk and its CRC32C;
+    each chunk ends with its own CRC32C). A shard file is replaced whole by the writer, so one read
+    of it is one version; a checksum that does not match raises ValueError and `read` tries again."""
+    import google_crc32c
+
+    idx = np.arange(*rows.indices(node.shape[0])) if isinstance(rows, slice) else np.asarray(rows, dtype=np.int64)
+    frame = node.shape[1:]
+    out = np.empty((len(idx), *frame), dtype=np.uint8)
+    per_shard = node.shards[0]
+    index_bytes = per_shard * 16 + 4
+
+    def checked(data: bytes, what: str) -> bytes:
+        if int.from_bytes(data[-4:], "little") != google_crc32c.value(data[:-4]):
+            raise ValueError(f"{root}: {what}: stored and computed checksum do not match")
+        return data[:-4]
+
+    # rows asked for again (a repeated frame: `idx` ascending with duplicates) are copied, not decoded again
+    again = np.flatnonzero(np.diff(idx) == 0) + 1 if len(idx) > 1 and (np.diff(idx) >= 0).all() else np.zeros(0, int)
+    fresh = np.ones(len(idx), dtype=bool)
+    fresh[again] = False
+    for shard in np.unique(idx // per_shard):
+        at = np.flatnonzero((idx // per_shard == shard) & fresh)
+        try:
+            raw = (root / "c" / str(int(shard)) / "0" / "0" / "0").read_bytes()
+        except FileNotFoundError:
+            out[at] = 0  # never written: every frame in it is empty
+            continue
+        index = np.frombuffer(checked(raw[-index_bytes:], f"shard {shard} index"), "<u8").reshape(per_shard, 2)
+        offsets, lengths = index[:, 0].tolist(), index[:, 1].tolist()
+        for j, row in zip(at.tolist(), (idx[at] % per_shard).tolist()):
+            offset = offsets[row]
+            if offset == EMPTY_CHUNK:
+                out[j] = 0
+                continue
+            chunk = checked(raw[offset:offset + lengths[row]], f"frame {idx[j]}")
+            n = int.from_bytes(chunk[4:8], "little")  # one frame per chunk: count, then its length
+            out[j] = decode_frame_jpeg(chunk[8:8 + n]).reshape(frame) if n else 0
+    for j in again.tolist():  # in order, so a run of repeats copies the frame along
+        out[j] = out[j - 1]
+    return out
+
+
 def _committed_prefix(ends: np.ndarray) -> int:
     """Number of leading entries that form strictly increasing positive ends.
 
@@ -763,26 +1006,43 @@ def _committed_prefix(ends: np.ndarray) -> int:
     return int(len(ends) if ok.all() else np.argmin(ok))
 
 
+def _train_size(schema: Schema, size: Sequence[int] | None, where: str) -> tuple[int, int] | None:
+    """The training-size copies' (height, width), checked; None when there are none to keep."""
+    if size is None or not schema.image_keys:
+        return None
+    try:
+        h, w = (int(v) for v in size)
+    except (TypeError, ValueError):
+        raise StoreError(f"{where}: train_image_size={size!r}; give [height, width], e.g. [96, 96]") from None
+    full = {k: schema.keys[k].shape[:2] for k in schema.image_keys}
+    if h < 8 or w < 8 or any(h > fh or w > fw for fh, fw in full.values()):
+        raise StoreError(f"{where}: train_image_size=[{h}, {w}] must be at least 8 px and no larger than the "
+                         f"frames ({', '.join(f'{k}: {list(v)}' for k, v in full.items())})")
+    if all(tuple(v) == (h, w) for v in full.values()):
+        return None  # the frames are that size already
+    return h, w
+
+
 def _create_data_array(group: zarr.Group, key: str, shape: tuple[int, ...], dtype: str, is_image: bool, image_codec: str,
-                       image_quality: int = DEFAULT_IMAGE_QUALITY) -> None:
+                       image_quality: int = DEFAULT_IMAGE_QUALITY, prefix: str = "data", shard: int = IMAGE_SHARD) -> None:
     if is_image and image_codec in LOSSY_IMAGE_CODECS:
         # One frame per chunk: an append never re-reads and re-encodes a stored frame (a second
         # lossy round on a committed episode), and a random read decodes one JPEG. The checksum
         # is all that follows the JPEG bytes.
-        group.create_array(f"data/{key}", shape=(0, *shape), chunks=(1, *shape), shards=(IMAGE_SHARD, *shape),
+        group.create_array(f"{prefix}/{key}", shape=(0, *shape), chunks=(1, *shape), shards=(shard, *shape),
                            dtype=dtype, serializer=jpeg_frames_codec(image_quality), compressors=(Crc32cCodec(),),
                            fill_value=0)
         return
     if is_image:
         chunks = (IMAGE_CHUNK, *shape)
-        shards = (IMAGE_SHARD, *shape)
+        shards = (shard, *shape)
         compressors = IMAGE_CODECS[image_codec]()
     else:
         chunks = (LOWDIM_CHUNK, *shape)
         shards = (LOWDIM_SHARD, *shape)
         compressors = BloscCodec(cname="zstd", clevel=3, shuffle="shuffle", typesize=np.dtype(dtype).itemsize)
     group.create_array(
-        f"data/{key}",
+        f"{prefix}/{key}",
         shape=(0, *shape),
         chunks=chunks,
         shards=shards,

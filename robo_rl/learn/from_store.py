@@ -21,7 +21,7 @@ def policy_for_store(dataset: str | Path, obs_keys: list[str], name: str, option
     n = store.n_episodes if n_episodes is None else int(n_episodes)
     if not 1 <= n <= store.n_episodes:
         raise ConfigError(f"train: n_episodes={n_episodes} but {dataset} holds {store.n_episodes} episodes")
-    shapes = ObsShapes.from_schema(store.schema, obs_keys)
+    shapes = ObsShapes.from_schema(store.schema, obs_keys, image_size=store.train_image_size)
     stats = get_stats(store, [*shapes.lowdim, shapes.action_key], save=False)
     policy = make_policy(name, options, shapes, stats)
     sampler = WindowSampler(store, obs_keys, n_obs=policy.config.n_obs, horizon=policy.config.horizon,

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from robo_rl.data.codecs import resize_rgb
 from robo_rl.data.stats import Normalizer
 from robo_rl.errors import ConfigError
 from robo_rl.policies.nets.encoders import CONV_CHANNELS, IMAGE_ENCODERS, ObsEncoder
@@ -52,14 +53,17 @@ class ObsShapes:
     action_key: str = "action"
 
     @classmethod
-    def from_schema(cls, schema: Any, obs_keys: list[str], action_key: str = "action") -> "ObsShapes":
+    def from_schema(cls, schema: Any, obs_keys: list[str], action_key: str = "action",
+                    image_size: tuple[int, int] | None = None) -> "ObsShapes":
+        """`image_size`: the size cameras are trained at when not the stored frames' (a store's
+        training-size copies)."""
         lowdim, images = {}, {}
         for k in obs_keys:
             if k not in schema.keys:
                 raise ConfigError(f"observation key {k!r} is not in the dataset; keys are {sorted(schema.keys)}")
             spec = schema.keys[k]
             if len(spec.shape) == 3:
-                images[k] = (int(spec.shape[0]), int(spec.shape[1]))
+                images[k] = tuple(int(v) for v in image_size) if image_size else (int(spec.shape[0]), int(spec.shape[1]))
             elif len(spec.shape) == 1:
                 lowdim[k] = int(spec.shape[0])
             else:
@@ -291,7 +295,7 @@ class FrozenPredictor:
 
     def __call__(self, obs_window: Mapping[str, Any]) -> np.ndarray:
         body = self.policy.body
-        obs = body.obs_from_window(obs_window)
+        obs = body.obs_from_window(frames_at_policy_size(obs_window, self.policy.shapes.images))
         inputs = [obs[k] for k in self.graph_module.keys]
         b = inputs[0].shape[0]
         # the noise is drawn for the real rows only, so the chunks do not depend on the padding
@@ -312,6 +316,22 @@ def predictor(policy: Any, inference_steps: int | None = None, frozen: bool = Tr
 
     def predict(batch: Mapping[str, Any]):
         with torch.inference_mode():
-            return policy.predict(batch, steps=inference_steps)
+            return policy.predict(frames_at_policy_size(batch, policy.shapes.images), steps=inference_steps)
 
     return predict
+
+
+def frames_at_policy_size(window: Mapping[str, Any], sizes: Mapping[str, tuple[int, int]]) -> Mapping[str, Any]:
+    """Camera frames (B, To, H, W, C) larger than the policy was trained on, downscaled to its
+    size with the resize its training-size copies were made with (a robot whose cameras are
+    recorded at full size and a policy trained on the store's small copies)."""
+    resize = {k: tuple(v) for k, v in sizes.items()
+              if k in window and isinstance(window[k], np.ndarray) and tuple(window[k].shape[-3:-1]) != tuple(v)}
+    if not resize:
+        return window
+    out = dict(window)
+    for k, size in resize.items():
+        frames = window[k]
+        flat = frames.reshape(-1, *frames.shape[-3:])
+        out[k] = np.stack([resize_rgb(f, size) for f in flat]).reshape(*frames.shape[:-3], *size, frames.shape[-1])
+    return out

@@ -57,6 +57,10 @@ def finetune(checkpoint: Mapping[str, Any], demos: Sequence[tuple[str | Path, in
             continue
         count = store.n_episodes if n is None else min(int(n), store.n_episodes)
         s = WindowSampler(store, obs_keys, n_obs=cfg.n_obs, horizon=cfg.horizon, episodes=range(count), device=device)
+        wrong = {k: list(v) for k, v in s.image_sizes.items() if tuple(policy.shapes.images.get(k, v)) != tuple(v)}
+        if wrong:
+            raise ConfigError(f"finetune: {path} gives camera frames at {wrong}, the policy was trained on "
+                              f"{ {k: list(policy.shapes.images[k]) for k in wrong} }; record at the policy's image size")
         samplers.append(s)
         records = [(m.extra or {}).get("interventions") or [] for m in store.metas[:count]]
         sources.append({"segments": s.data["segment"], "episode_starts": np.unique(s.start), "demo": is_demo,

@@ -30,6 +30,7 @@ critic rollouts (robo_rl/sim/critic_data.py), `robo-rl record`, `deploy`, `teleo
 
 from __future__ import annotations
 
+import gc
 import sys
 import time
 from collections import deque
@@ -266,6 +267,11 @@ def run_episodes(robots: Sequence[Any], sources: Any, config: ControllerConfig, 
     switch = sys.getswitchinterval()
     if not lockstep:
         sys.setswitchinterval(min(switch, period / 20))
+        # A full garbage collection walks every object torch and the policy made (95 ms with torch
+        # imported, AMD EPYC): it held a 50 Hz recording loop for 20 ms (bench/data.py, real
+        # cameras). Frozen before the first tick, the collector's passes see only new objects.
+        gc.collect()
+        gc.freeze()
     try:
         for i in range(len(robots)):
             start(i, 0.0)

@@ -31,7 +31,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from robo_rl.data.codecs import rgb_from_message
+from robo_rl.data.codecs import resize_rgb, rgb_from_message
 from robo_rl.errors import ConfigError
 from robo_rl.hardware.robot import Observation, RobotSpec, read_robot_yaml
 from robo_rl.hardware.ros2.messages import (CompressedImage, Duration, Float64MultiArray, Header, Image, JointState,
@@ -224,15 +224,6 @@ def _cameras_from_yaml(path: Path, cameras: Any, spec: RobotSpec) -> tuple[Camer
             raise ConfigError(f"{where}.topic={topic} is another camera's topic too; one topic per camera")
         out.append(CameraTopic(name, topic, kind))
     return tuple(out)
-
-
-def resize_rgb(img: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-    """An HWC RGB frame resized to (height, width): area averaging (swscale, through PyAV)."""
-    import av
-
-    h, w = size
-    frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(img), format="rgb24")
-    return frame.reformat(width=w, height=h, interpolation="AREA").to_ndarray()
 
 
 def to_wire(spec: RobotSpec, action: np.ndarray, velocity: bool = False) -> np.ndarray:
