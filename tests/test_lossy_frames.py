@@ -82,11 +82,12 @@ def test_bad_codec_settings_are_one_line(tmp_path, codec, message):
 
 
 def test_dataset_info_reports_the_codec_and_its_loss(tmp_path):
-    write(tmp_path / "jpeg", camera_frames(8), image_codec="jpeg", image_quality=80).close()
+    write(tmp_path / "jpeg", camera_frames(8), image_codec="jpeg", image_quality=80, train_image_size=(48, 64)).close()
     r = subprocess.run([sys.executable, "-m", "robo_rl.cli.main", "dataset", "info", str(tmp_path / "jpeg")],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "jpeg (quality 80)" in r.stdout and "PSNR at write time" in r.stdout and " dB" in r.stdout
+    assert "training-size copies" in r.stdout and "48x64" in r.stdout
 
 
 def camera_at_30fps(frames: np.ndarray, steps: int) -> list[np.ndarray]:
@@ -188,3 +189,26 @@ def test_recorder_hands_frames_over_once(tmp_path, snapshots):
     assert store.n_steps == 50 and psnr(back, np.stack(seen)) > 33.0
     repeat = store._read_rows("repeat/obs/images/top", slice(0, 50))
     assert (repeat == 0).sum() == 30  # every captured frame once
+
+
+def test_a_policy_sees_full_frames_as_its_training_copies_were_made():
+    """A policy trained on a store's small copies, given a robot's full frames (RaC recording on
+    real arms), downscales them with the resize the copies were made with."""
+    import torch
+
+    from robo_rl.data.codecs import resize_rgb
+    from robo_rl.policies import ObsShapes, make_policy
+    from robo_rl.policies.common import predictor
+
+    torch.manual_seed(0)
+    policy = make_policy("flow", {"dit_dim": 32, "dit_depth": 2, "image_encoder": "conv", "n_obs": 1},
+                         ObsShapes({"obs/qpos": 14}, {"obs/images/top": (48, 64)}, 14))
+    predict = predictor(policy)
+    full = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)
+    qpos = np.zeros((1, 1, 14), np.float32)
+    torch.manual_seed(1)
+    from_full = predict({"obs/qpos": qpos, "obs/images/top": full[None, None]})
+    torch.manual_seed(1)
+    from_small = predict({"obs/qpos": qpos, "obs/images/top": resize_rgb(full, (48, 64))[None, None]})
+    assert from_full.shape == (1, policy.config.horizon, 14)
+    assert np.array_equal(from_full, from_small)

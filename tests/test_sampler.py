@@ -9,9 +9,10 @@ from robo_rl.data.schema import Segment
 from robo_rl.errors import ConfigError
 
 
-def naive_window(store, ep, t, obs_keys, n_obs, horizon):
-    """Reference: slice one window out of one episode with edge padding, step by step."""
-    data = store.episode(ep)
+def naive_window(store, ep, t, obs_keys, n_obs, horizon, data=None):
+    """Reference: slice one window out of one episode with edge padding, step by step. `data`:
+    the episode as `store.episode(ep)` reads it, when the caller has it already."""
+    data = store.episode(ep) if data is None else data
     T = len(data["action"])
     out = {}
     for k in obs_keys:
@@ -31,8 +32,9 @@ def test_every_window_matches_the_reference(filled_store):
     batch = s.get(np.arange(len(s)))
     i = 0
     for ep in eps:
+        data = filled_store.episode(ep)  # read once per episode, not once per window
         for t in range(filled_store.episode_lengths[ep]):
-            ref = naive_window(filled_store, ep, t, keys, 3, 8)
+            ref = naive_window(filled_store, ep, t, keys, 3, 8, data)
             for k, v in ref.items():
                 assert np.array_equal(batch[k][i], v), (ep, t, k)
             assert batch["episode"][i] == ep

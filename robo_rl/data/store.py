@@ -403,6 +403,8 @@ class EpisodeStore:
         if self._jpeg_shards(path, self._node(path)):
             return self._read_rows(path, src)  # decodes each frame once, repeats copied
         rows = self._read_rows(path, slice(start, stop))
+        if not rows.flags.writeable:
+            rows = rows.copy()
         inside = (back > 0) & (src >= start)
         rows[inside] = rows[src[inside] - start]
         before = src < start
@@ -417,7 +419,7 @@ class EpisodeStore:
                 node = self._node(path)
                 if self._jpeg_shards(path, node):
                     return _read_jpeg_shards(Path(self.location) / path, node, rows)
-                return np.array(node[rows] if isinstance(rows, slice) else node.oindex[rows])
+                return np.asarray(node[rows] if isinstance(rows, slice) else node.oindex[rows])
             except (ValueError, RuntimeError, OSError) as e:
                 # A shard replaced by the writer between our reads of it (checksum or codec
                 # error): read it again from the new version.
