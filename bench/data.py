@@ -531,7 +531,7 @@ def _record_cameras(path: Path, frames: dict[str, np.ndarray], seconds: float, e
     rec = Recorder(path, schema, overwrite=True, image_codec=codec, train_image_size=TRAIN_HW)
     writer_pid = rec._proc.pid
     blocked, end_times, after_end = [], [], []
-    shown: list[int] = []  # capture index of the frame each step carried
+    shown: list[list[int]] = []  # per step, the capture index of each camera's frame
     gc.collect()
     gc.freeze()  # as the episode loop does before its first tick (robo_rl/runtime/episodes.py),
     switch = sys.getswitchinterval()
@@ -549,7 +549,7 @@ def _record_cameras(path: Path, frames: dict[str, np.ndarray], seconds: float, e
         if i % ep_steps == 0:
             rec.start_episode(EpisodeMeta(task="bench_cameras", source="bench"))
         latest = dict(cameras.latest)
-        shown.append(latest["top"][1])
+        shown.append([latest[cam][1] for cam in REAL_CAMS])
         step = {"obs/qpos": qpos[i], "action": qpos[i]}
         for cam in REAL_CAMS:
             step[f"obs/images/{cam}"] = latest[cam][0]
@@ -574,19 +574,19 @@ def _record_cameras(path: Path, frames: dict[str, np.ndarray], seconds: float, e
     t0 = time.perf_counter()
     rec.close()
     close_s = time.perf_counter() - t0
-    shown = np.array(shown)
-    captured = int(shown[-1] - shown[0] + 1)  # frames the cameras produced between the first and last step
-    seen = len(np.unique(shown))
+    shown = np.array(shown)  # (steps, cameras)
+    captured = int(shown[-1, 0] - shown[0, 0] + 1)  # frames a camera produced between the first and last step
+    seen = min(len(np.unique(shown[:, c])) for c in range(len(REAL_CAMS)))
     with EpisodeStore.open(path) as store:
         # a captured frame is kept when some step stores it (repeat 0); per camera, the fewest kept
-        stored = min(len(np.unique(shown[store._read_rows(f"repeat/obs/images/{c}", slice(0, store.n_steps)) == 0]))
-                     for c in REAL_CAMS)
+        stored = min(len(np.unique(shown[store._read_rows(f"repeat/obs/images/{c}", slice(0, store.n_steps)) == 0, k]))
+                     for k, c in enumerate(REAL_CAMS))
         psnr_db = store.image_psnr()
         # loss on frames spread over the run, against the exact frame handed in
         from robo_rl.data.codecs import psnr
 
         probe = np.linspace(0, store.n_steps - 1, 24).astype(int)
-        measured = [psnr(store.read("obs/images/top", t, t + 1)[0], frames["top"][shown[t] % pool]) for t in probe]
+        measured = [psnr(store.read("obs/images/top", t, t + 1)[0], frames["top"][shown[t, 0] % pool]) for t in probe]
         problems = store.validate(check_values=False)
         size = store.size_on_disk()
         n_store = store.n_steps
