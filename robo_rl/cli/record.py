@@ -37,7 +37,7 @@ def store_schema(opened: Any, cameras: list[str], image_size: tuple[int, int] | 
     from robo_rl.data.schema import Schema
 
     spec = opened.robot.spec
-    described = {c.name: (c.height, c.width) for c in spec.cameras}
+    described = spec.camera_sizes
     if image_size is None and set(cameras) - set(described):
         raise ConfigError(f"record: camera(s) {sorted(set(cameras) - set(described))} are not in robot={spec.name}'s "
                           f"cameras ({sorted(described) or 'none'})")

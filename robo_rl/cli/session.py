@@ -64,7 +64,7 @@ def open_robot(cfg: DictConfig, cameras: Sequence[str] = (), image_size: Sequenc
     if image_size is None:
         from robo_rl.hardware.robot import RobotSpec
 
-        sizes = {c.name: (c.height, c.width) for c in RobotSpec.from_yaml(str(cfg.robot)).cameras}
+        sizes = RobotSpec.from_yaml(str(cfg.robot)).camera_sizes
     else:
         sizes = {c: tuple(image_size) for c in cameras}
     robot = Ros2Robot(str(cfg.robot), cameras=list(cameras), image_sizes=sizes)

@@ -597,7 +597,7 @@ def _write(store: EpisodeStore, plan: _Plan, root: Path, codec: str, crf: int, d
         "image_loss": {cam.key[len(IMAGE_PREFIX):]: video.loss.report() for cam, video in zip(plan.cameras, videos)},
         # a lossy store's frames were already JPEG: the video's loss comes on top of this one
         "store_image_loss": store.image_psnr(),
-        "store_image_codec": store.info()["image_codec"],
+        "store_image_codec": store.image_codec_label,
     }
 
 

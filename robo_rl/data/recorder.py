@@ -182,7 +182,6 @@ def _writer_main(store_path: str, ring_path: str, slots: int) -> int:
     writer = None
     keys = list(store.schema.keys)
     images = list(store.schema.image_keys)
-    last_frame: dict[str, np.ndarray] = {}  # camera key -> the newest frame that came through the ring
     try:
         while True:
             # Read the step count BEFORE the messages: every message is sent before the steps
@@ -215,17 +214,11 @@ def _writer_main(store_path: str, ring_path: str, slots: int) -> int:
                 # buffers (a fresh copy per frame cost page faults: bench/data.py, real cameras);
                 # a frame the loop marked as the previous step's again was never copied to the ring
                 step = {k: v[slot] if k in images else v[slot].copy() for k, v in ring.arrays.items() if k in keys}
-                for c, k in enumerate(images):
-                    if ring.arrays["same_frame"][slot, c] and k in last_frame:
-                        step[k] = last_frame[k]
-                    elif k in last_frame:
-                        np.copyto(last_frame[k], step[k])
-                    else:
-                        last_frame[k] = step[k].copy()
+                same = [k for c, k in enumerate(images) if ring.arrays["same_frame"][slot, c]]
                 ts = float(ring.arrays["timestamp"][slot])
                 seg = int(ring.arrays["segment"][slot])
                 if writer is not None:
-                    writer.add(step, ts, seg, checked=True)
+                    writer.add(step, ts, seg, checked=True, same_frames=same)
                 consumed += 1
                 header[_CONSUMED] = consumed  # the slot is free once the writer has its copy
             if inbox.eof and consumed == int(header[_PRODUCED]) and (not messages or messages[0][1] > consumed):

@@ -146,6 +146,7 @@ class EpisodeStore:
         self._arrays: dict[str, zarr.Array] = {}
         self._buffers: dict[str, _FrameBuffer] = {}  # a writer's pending camera frames, reused
         self._held_frames: dict[str, np.ndarray] = {}  # camera key -> the newest frame stored, to spot repeats
+        self._direct: dict[str, bool] = {}  # array path -> read from its JPEG shards directly
         self._ends = np.zeros(0, dtype=np.int64)
         self._infos: list[EpisodeMeta] = []
         self._dropped_at_open: RepairReport | None = None  # what opening for append cut off
@@ -346,7 +347,13 @@ class EpisodeStore:
 
     def _jpeg_shards(self, path: str, node: zarr.Array) -> bool:
         """Whether `path` is a local array of one-frame JPEG chunks in shards, which `read` decodes
-        itself: zarr's pipeline costs ~0.7 ms per chunk, ten times a 96x96 frame's decoding."""
+        itself: zarr's pipeline costs ~0.7 ms per chunk, ten times a 96x96 frame's decoding.
+        Worked out once per array."""
+        if path not in self._direct:
+            self._direct[path] = self._is_jpeg_shards(path, node)
+        return self._direct[path]
+
+    def _is_jpeg_shards(self, path: str, node: zarr.Array) -> bool:
         if self.image_quality is None or _is_remote(self.location) or not path.startswith(("data/obs/images/", "small/")):
             return False
         codecs = node.metadata.to_dict().get("codecs", [])
@@ -632,13 +639,19 @@ class EpisodeStore:
             "tasks": sorted({m.task for m in self._infos}),
             "keys": {k: (s.shape, s.dtype) for k, s in self.schema.keys.items()},
             "cameras": list(self.schema.cameras),
-            "image_codec": (None if not self.schema.image_keys else self.image_codec
-                            + (f" (quality {self.image_quality})" if self.image_quality is not None else "")),
+            "image_codec": self.image_codec_label,
             "image_psnr_db": self.image_psnr(),
             "train_image_size": list(self.train_image_size) if self.train_image_size else None,
             "bytes_on_disk": self.size_on_disk(),
             "schema_version": self.schema.version,
         }
+
+    @property
+    def image_codec_label(self) -> str | None:
+        """How camera frames are stored, e.g. "jpeg (quality 85)"; None without cameras."""
+        if not self.schema.image_keys:
+            return None
+        return self.image_codec + (f" (quality {self.image_quality})" if self.image_quality is not None else "")
 
     def image_psnr(self) -> dict[str, float] | None:
         """A lossy store's image loss per camera: the lowest PSNR (dB) measured at write time on
@@ -738,8 +751,11 @@ class EpisodeWriter:
     def _where(self, step: int | None = None) -> str:
         return f"{self.store.location}: episode {self.episode_index} step {self.length if step is None else step}"
 
-    def add(self, step: Mapping[str, Any], timestamp: float, segment: Segment | int | str = Segment.TELEOP, checked: bool = False) -> None:
-        """Add one step: `step[key]` for every schema key, its capture time and who produced it."""
+    def add(self, step: Mapping[str, Any], timestamp: float, segment: Segment | int | str = Segment.TELEOP, checked: bool = False,
+            same_frames: Iterable[str] = ()) -> None:
+        """Add one step: `step[key]` for every schema key, its capture time and who produced it.
+        `same_frames`: cameras whose frame is known to be the previous step's (the Recorder's ring
+        says so); their values in `step` are not read."""
         self._require_open()
         where = self._where()
         values = step if checked else self.store.schema.check_step(step, where)
@@ -752,14 +768,14 @@ class EpisodeWriter:
         images = self.store.schema.image_keys
         for k, v in values.items():
             if k in images:
-                self._add_frame(k, v)
+                self._add_frame(k, v, same=k in same_frames)
             else:
                 self._pending[f"data/{k}"].append(v)
         self._pending[f"data/{TIMESTAMP_KEY}"].append(np.float64(ts))
         self._pending[f"data/{SEGMENT_KEY}"].append(np.uint8(seg))
         self._last_ts = ts
         self.length += 1
-        self._sample_image_loss({k: values[k] for k in images})
+        self._sample_image_loss({k: self.store._held_frames[k] for k in images})
         self._flush_frames()
 
     def add_block(self, data: Mapping[str, Any], timestamps: Any, segments: Any = Segment.TELEOP) -> None:
@@ -806,18 +822,24 @@ class EpisodeWriter:
         self.length += n
         self._flush_frames()
 
-    def _add_frame(self, key: str, frame: np.ndarray) -> None:
+    def _add_frame(self, key: str, frame: np.ndarray | None, same: bool = False) -> None:
         """One step's frame of camera `key` (copied: the caller may reuse its array). The same
-        frame as the previous step's (a camera slower than the loop) is stored once: this step's
-        rows stay empty (zeros, which the frame codecs store in a few bytes) and `repeat` points back."""
+        frame as the previous step's (a camera slower than the loop; `same` when the caller knows,
+        else compared) is stored once: this step's rows stay empty (zeros, which the frame codecs
+        store in a few bytes) and `repeat` points back."""
         store, pending = self.store, self._pending
         since = self._since.get(key)
         held = store._held_frames.get(key)
+        if same:
+            if held is None:
+                raise StoreError(f"{self._where()}: camera '{key}' marked as repeating a frame before any frame")
+            frame = held
         small = f"small/{key}" if store.train_image_size else None
         for path in (f"data/{key}", small):
             if path and pending[path].full:
                 self._flush(path, final=False)
-        if store.frame_repeats and since is not None and since < MAX_REPEAT and np.array_equal(frame, held):
+        if (store.frame_repeats and since is not None and since < MAX_REPEAT
+                and (same or np.array_equal(frame, held))):
             self._since[key] = since + 1
             pending[f"repeat/{key}"].append(np.uint16(since + 1))
             pending[f"data/{key}"].append_blank()
@@ -828,7 +850,8 @@ class EpisodeWriter:
         pending[f"data/{key}"].append(frame)
         if store.frame_repeats:
             pending[f"repeat/{key}"].append(np.uint16(0))
-            if held is None or held.shape != frame.shape:
+        if frame is not held:  # the newest frame, kept to spot (or be) the next step's repeat
+            if held is None:
                 held = store._held_frames[key] = np.empty_like(frame)
             np.copyto(held, frame)
         if small:

@@ -106,6 +106,11 @@ class RobotSpec:
     def action_dim(self) -> int:
         return len(self.joint_names)
 
+    @property
+    def camera_sizes(self) -> dict[str, tuple[int, int]]:
+        """Camera name -> (height, width) its frames come at (the description's `cameras:`)."""
+        return {c.name: (c.height, c.width) for c in self.cameras}
+
     def clip(self, action: np.ndarray) -> np.ndarray:
         return np.clip(action, self.lower, self.upper)
 
