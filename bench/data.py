@@ -38,7 +38,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import make_console, table  # noqa: E402
+from common import cpu_kind, make_console, table, steal_seconds  # noqa: E402
 
 from robo_rl.data.schema import EpisodeMeta, Schema
 from robo_rl.data.store import DEFAULT_IMAGE_CODEC, EpisodeStore
@@ -536,6 +536,7 @@ def _record_cameras(path: Path, frames: dict[str, np.ndarray], seconds: float, e
     gc.freeze()  # as the episode loop does before its first tick (robo_rl/runtime/episodes.py),
     switch = sys.getswitchinterval()
     sys.setswitchinterval(1.0 / FPS / 20)  # and with its GIL hand-over interval
+    steal0 = steal_seconds()
     cpu0, wall0 = _cpu_seconds(writer_pid), time.perf_counter()
     t_start = time.perf_counter() + 0.05
     ended_at = None
@@ -570,6 +571,7 @@ def _record_cameras(path: Path, frames: dict[str, np.ndarray], seconds: float, e
     sys.setswitchinterval(switch)
     wall = time.perf_counter() - wall0
     writer_cpu = _cpu_seconds(writer_pid) - cpu0  # while the loop ran; the rest is close()'s drain
+    steal = None if steal0 is None else steal_seconds() - steal0
     stats = rec.stats()
     t0 = time.perf_counter()
     rec.close()
@@ -594,7 +596,8 @@ def _record_cameras(path: Path, frames: dict[str, np.ndarray], seconds: float, e
             "after_end": np.array(after_end) * 1e3, "end": np.array(end_times) * 1e3, "close_s": close_s,
             "stalls": stats.stalls, "captured": captured, "seen": seen, "stored": stored,
             "mb_per_min": size / 1e6 / (seconds / 60), "psnr_write": psnr_db, "psnr_probe": float(np.min(measured)),
-            "psnr_probe_mean": float(np.mean(measured)), "writer_cpu": writer_cpu / wall, "problems": problems}
+            "psnr_probe_mean": float(np.mean(measured)), "writer_cpu": writer_cpu / wall, "problems": problems,
+            "steal": None if steal is None else steal / (wall * (os.cpu_count() or 1))}
 
 
 def _windows_from_small_copies(path: Path, cams: list[str], batches: int, seed: int) -> dict:
@@ -661,6 +664,9 @@ def cameras_benchmark(args, console) -> None:
                   ["metric", f"jpeg q85, {minutes:g} min", f"blosc-zstd (lossless baseline), {baseline_minutes:g} min",
                    "target", "pass"])
 
+        def fmt_share(x):
+            return "-" if x is None else f"{100 * x:.2f}%"
+
         def row(metric, rv, bv, target="-", ok=None):
             t.add_row(metric, rv, bv, target, "-" if ok is None else ("PASS" if ok else "FAIL"))
 
@@ -686,6 +692,8 @@ def cameras_benchmark(args, console) -> None:
         row("PSNR of 24 stored frames vs handed, min / mean (dB)", f"{r['psnr_probe']:.1f} / {r['psnr_probe_mean']:.1f}",
             "inf" if not np.isfinite(b["psnr_probe"]) else f"{b['psnr_probe']:.1f}", ">= 35", r["psnr_probe"] >= 35)
         row("writer process CPU (share of one core)", f"{100 * r['writer_cpu']:.0f}%", f"{100 * b['writer_cpu']:.0f}%",
+            "reported")
+        row("CPU time the VM's host took (steal), share of all cores", fmt_share(r["steal"]), fmt_share(b["steal"]),
             "reported")
         console.print(t)
         console.print(f"store validate(): jpeg {r['problems'] or 'ok'}, lossless {b['problems'] or 'ok'}; "
@@ -721,7 +729,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     console = make_console(150)
     console.print(
-        f"bench/data.py: {os.cpu_count()} CPU(s), torch {torch.__version__}, numpy {np.__version__}, "
+        f"bench/data.py: {os.cpu_count()} CPU(s) ({cpu_kind()}), torch {torch.__version__}, numpy {np.__version__}, "
         f"{'quick' if args.quick else 'full'} run, seed {args.seed}"
     )
     t0 = time.perf_counter()

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -30,7 +29,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import cpu_flags, make_console, table  # noqa: E402
+from common import cpu_kind, make_console, table  # noqa: E402
 
 from robo_rl.runtime.chunking import ChunkingConfig  # noqa: E402
 from robo_rl.sim.envs import BimanualEnv  # noqa: E402
@@ -112,10 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     rows["baseline: env.step in lockstep"] = best(baseline)
     rows["evaluate_policy"] = best(evaluation)
     rows["collect_interventions (store writes)"] = best(interventions)
-    flags = cpu_flags()
-    kind = "AVX512-BF16" if "avx512_bf16" in flags else ("AVX-512" if "avx512f" in flags else "AVX2")
     t = table(f"episode loop, {args.task}: {args.n_envs} envs, {args.episodes} episodes of <= {args.max_steps} steps "
-              f"({platform.processor() or platform.machine()}, {kind}, best of {args.reps})",
+              f"({cpu_kind()}, best of {args.reps})",
               ["row", "env steps/s", "x baseline"])
     base = rows["baseline: env.step in lockstep"]
     for name, rate in rows.items():

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import cpu_flags, make_console, table  # noqa: E402
+from common import cpu_kind, make_console, table  # noqa: E402
 from image_codecs import add_sensor_noise, render_frames  # noqa: E402
 
 from robo_rl.data.codecs import psnr  # noqa: E402
@@ -94,9 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     picks = rng.integers(0, args.frames, 16)
     candidates = {f"jpeg q={q}": (lambda q=q: jpeg(noisy, q)) for q in (50, 70, 85, 95)}
     candidates.update({f"h264 crf={c} g={g}": (lambda c=c, g=g: h264(noisy, c, g)) for c in (20, 26) for g in (8, 16)})
-    flags = cpu_flags()
-    kind = "AVX512-BF16" if "avx512_bf16" in flags else ("AVX-512" if "avx512f" in flags else "AVX2")
-    t = table(f"lossy codecs, {args.frames} frames 480x640, renders + noise sigma 3 (one thread, {kind})",
+    t = table(f"lossy codecs, {args.frames} frames 480x640, renders + noise sigma 3 (one thread, {cpu_kind()})",
               ["codec", "KB/frame", "MB/min (3 cams, 30 fps)", "PSNR vs noisy dB", "PSNR vs clean dB",
                "encode ms/frame", "core share (90 fps)", "random frame ms"])
     raw = noisy[0].nbytes

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import select
 import signal
@@ -78,15 +79,17 @@ class _Ring:
         self.arrays: dict[str, np.ndarray] = {}
         for (name, shape, dtype), off in zip(layout, offsets):
             n = int(np.prod(shape)) * np.dtype(dtype).itemsize
-            self.arrays[name] = self._mm[off : off + n].view(dtype).reshape(shape)
+            # plain arrays, not np.memmap views: every slice of a memmap runs Python code
+            self.arrays[name] = self._mm[off : off + n].view(dtype).view(np.ndarray).reshape(shape)
         self.header = self.arrays.pop("header")
 
 
-def _sample(frame: np.ndarray) -> np.ndarray:
-    """Eight whole rows of a frame: enough to tell a new picture (every row changes, sensor noise
-    alone sees to it) at a few contiguous cache lines each; a strided pixel grid over the frame
-    cost ~0.1 ms per 640x480 frame in cache misses."""
-    return frame[:: max(1, len(frame) // 8)]
+def _sample(frame: np.ndarray) -> bytes:
+    """Eight whole rows of a frame, as bytes: enough to tell a new picture (every row changes,
+    sensor noise alone sees to it) at a few contiguous cache lines each (a strided pixel grid cost
+    ~0.1 ms per 640x480 frame in cache misses); bytes compare in one call (np.array_equal is a
+    dozen numpy calls, each slow in a loop that sleeps between steps)."""
+    return frame[:: max(1, len(frame) // 8)].tobytes()
 
 
 class _FrameCopier:
@@ -120,7 +123,7 @@ class _FrameCopier:
             slot, frames, produced = item
             for key, frame, sample in frames:
                 arrays[key][slot] = frame
-                if not np.array_equal(_sample(arrays[key][slot]), sample):
+                if _sample(arrays[key][slot]) != sample:
                     self.error = (f"a frame of '{key}' changed after add_step handed it over (its array was "
                                   "written into); pass Recorder(..., snapshots=False) to copy frames in add_step")
                     return
@@ -319,20 +322,22 @@ class Recorder:
         self._open = True
         self._last_ts = None
         self._step_in_episode = 0
-        self._last_frames: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # camera -> (array, a sparse sample)
+        self._last_frames: dict[str, tuple[np.ndarray, bytes]] = {}  # camera -> (array, a sparse sample)
 
     def add_step(self, step: Mapping[str, Any], timestamp: float, segment: Segment | int | str = Segment.TELEOP) -> None:
         """Validate and hand over one step. Raises SchemaError for bad input; nothing is written then."""
         t0 = time.perf_counter()
         if not self._open:
             raise StoreError(f"{self.path}: add_step before start_episode")
-        where = f"{self.path}: episode {self._first_episode + self._ended} step {self._step_in_episode}"
+        def where() -> str:  # worded only for an error: the loop's step stays short
+            return f"{self.path}: episode {self._first_episode + self._ended} step {self._step_in_episode}"
+
         values = self.schema.check_step(step, where)
         ts = float(timestamp)
-        if not np.isfinite(ts):
-            raise SchemaError(f"{where}: timestamp is {ts}, expected a finite time in seconds")
+        if not math.isfinite(ts):
+            raise SchemaError(f"{where()}: timestamp is {ts}, expected a finite time in seconds")
         if self._last_ts is not None and ts < self._last_ts:
-            raise SchemaError(f"{where}: timestamp {ts:.6f} goes backwards (previous step {self._last_ts:.6f})")
+            raise SchemaError(f"{where()}: timestamp {ts:.6f} goes backwards (previous step {self._last_ts:.6f})")
         seg = int(Segment.parse(segment))
         header = self._header
         if header[_FAILED] or (self._copier is not None and self._copier.error):
@@ -351,9 +356,9 @@ class Recorder:
             # snapshot): that step's frame is not copied. The sparse sample catches an array
             # written into in place, which then counts as a new frame.
             v, last = values[k], self._last_frames.get(k)
-            same[c] = last is not None and v is last[0] and np.array_equal(_sample(v), last[1])
+            sample = _sample(v)
+            same[c] = last is not None and v is last[0] and sample == last[1]
             if not same[c]:
-                sample = _sample(v).copy()
                 self._last_frames[k] = (v, sample)
                 frames.append((k, v, sample))
         for k in self.schema.lowdim_keys:

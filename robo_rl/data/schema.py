@@ -7,10 +7,11 @@ so a bad value is refused before it reaches disk.
 from __future__ import annotations
 
 import enum
+import math
 import re
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -70,6 +71,10 @@ class KeySpec:
             raise SchemaError(f"key {self.name!r}: unknown dtype {self.dtype!r}") from None
         if self.is_image and (len(self.shape) != 3 or self.shape[2] not in (1, 3) or self.dtype != "uint8"):
             raise SchemaError(f"key {self.name!r}: images are uint8 (H, W, 3) or (H, W, 1), got {self.shape} {self.dtype}")
+        object.__setattr__(self, "_np_dtype", np.dtype(self.dtype))  # checked every step: not parsed again
+
+    # not a field: equality, repr and the stored schema leave it out
+    _np_dtype: np.dtype = field(init=False, repr=False, compare=False, default=None)
 
     @property
     def is_image(self) -> bool:
@@ -79,8 +84,16 @@ class KeySpec:
     def nbytes(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
 
-    def check(self, value: Any, where: str) -> np.ndarray:
-        """Return `value` as an array of this key's dtype, or raise naming `where` and the key."""
+    def check(self, value: Any, where: str | Callable[[], str]) -> np.ndarray:
+        """Return `value` as an array of this key's dtype, or raise naming `where` and the key.
+        `where` may be a function giving the place, called only to word an error."""
+        if type(value) is np.ndarray and value.dtype == self._np_dtype and value.shape == self.shape:
+            # The common case, taken every step of a control loop that records: an array already
+            # of the right kind. A float needs one reduction, not two: a sum is finite only when
+            # every element is (an overflowing sum falls back to the exact test).
+            if value.dtype.kind != "f" or math.isfinite(np.add.reduce(value, axis=None)):
+                return value
+        where = where() if callable(where) else where
         arr = np.asarray(value)
         if arr.shape != self.shape:
             raise SchemaError(f"{where}: key '{self.name}' has shape {arr.shape}, expected {self.shape}")
@@ -174,7 +187,15 @@ class Schema:
         keys = {k: KeySpec(k, tuple(v["shape"]), v["dtype"]) for k, v in d["keys"].items()}
         return cls(keys=keys, fps=float(d["fps"]), robot=d.get("robot", "unknown"), cameras=list(d.get("cameras", [])), version=version)
 
-    def check_step(self, step: Mapping[str, Any], where: str) -> dict[str, np.ndarray]:
+    def check_step(self, step: Mapping[str, Any], where: str | Callable[[], str]) -> dict[str, np.ndarray]:
+        """The step's values as arrays of the schema's dtypes, or a SchemaError naming `where` (a
+        string, or a function giving it, called only to word an error)."""
+        if len(step) == len(self.keys):  # the usual step: the schema's keys, each once
+            try:
+                return {k: spec.check(step[k], where) for k, spec in self.keys.items()}
+            except KeyError:
+                pass  # a key missing: worded below
+        where = where() if callable(where) else where
         missing = [k for k in self.keys if k not in step]
         extra = [k for k in step if k not in self.keys]
         if missing or extra:

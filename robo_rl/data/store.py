@@ -38,6 +38,7 @@ import contextlib
 import fcntl
 import json
 import logging
+import math
 import os
 import shutil
 import time
@@ -757,13 +758,12 @@ class EpisodeWriter:
         `same_frames`: cameras whose frame is known to be the previous step's (the Recorder's ring
         says so); their values in `step` are not read."""
         self._require_open()
-        where = self._where()
-        values = step if checked else self.store.schema.check_step(step, where)
+        values = step if checked else self.store.schema.check_step(step, self._where)
         ts = float(timestamp)
-        if not np.isfinite(ts):
-            raise SchemaError(f"{where}: timestamp is {ts}, expected a finite time in seconds")
+        if not math.isfinite(ts):
+            raise SchemaError(f"{self._where()}: timestamp is {ts}, expected a finite time in seconds")
         if self._last_ts is not None and ts < self._last_ts:
-            raise SchemaError(f"{where}: timestamp {ts:.6f} goes backwards (previous step {self._last_ts:.6f})")
+            raise SchemaError(f"{self._where()}: timestamp {ts:.6f} goes backwards (previous step {self._last_ts:.6f})")
         seg = Segment.parse(segment)
         images = self.store.schema.image_keys
         for k, v in values.items():
