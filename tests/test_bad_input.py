@@ -27,7 +27,19 @@ BAD_STEPS = [
     ("wrong dtype", lambda s: {**s, "obs/images/top": s["obs/images/top"].astype(np.float32)}, r"'obs/images/top' has dtype float32, expected uint8"),
     ("NaN", lambda s: {**s, "action": np.full(14, np.nan, np.float32)}, r"'action' holds NaN or inf at index \(0,\)"),
     ("inf", lambda s: {**s, "obs/gripper": np.array([0.0, np.inf])}, r"'obs/gripper' holds NaN or inf at index \(1,\)"),
+    # already of the schema's dtype: the check's fast path (one sum) must catch it too
+    ("-inf float32", lambda s: {**s, "obs/qpos": np.r_[np.zeros(13), -np.inf].astype(np.float32)},
+     r"'obs/qpos' holds NaN or inf at index \(13,\)"),
 ]
+
+
+def test_large_finite_values_whose_sum_overflows_are_accepted(filled_store):
+    step, ts = _step(filled_store.schema)
+    big = np.full(14, np.finfo(np.float32).max, np.float32)  # the sum is inf; every value is finite
+    w = filled_store.begin_episode()
+    w.add({**step, "obs/qpos": big}, ts)
+    w.commit()
+    assert np.array_equal(filled_store.read("obs/qpos", filled_store.n_steps - 1)[0], big)
 
 
 @pytest.mark.parametrize("name,mutate,pattern", BAD_STEPS, ids=[b[0] for b in BAD_STEPS])
