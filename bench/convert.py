@@ -189,7 +189,7 @@ def rerun_by_hand(store_path: Path, rrd: Path, images: str | None) -> int:
 
     with EpisodeStore.open(store_path) as store:
         schema = store.schema
-        keys = [*schema.lowdim_keys, TIMESTAMP_KEY, SEGMENT_KEY] + (schema.image_keys if images else [])
+        keys = [*schema.lowdim_keys, TIMESTAMP_KEY, SEGMENT_KEY, *(schema.image_keys if images else ())]
         ep = store.episode(0, keys)
     rec = rr.RecordingStream("robo_rl", recording_id="bench")
     rec.save(str(rrd))

@@ -329,15 +329,12 @@ class Recorder:
         t0 = time.perf_counter()
         if not self._open:
             raise StoreError(f"{self.path}: add_step before start_episode")
-        def where() -> str:  # worded only for an error: the loop's step stays short
-            return f"{self.path}: episode {self._first_episode + self._ended} step {self._step_in_episode}"
-
-        values = self.schema.check_step(step, where)
+        values = self.schema.check_step(step, self._where)  # worded only for an error
         ts = float(timestamp)
         if not math.isfinite(ts):
-            raise SchemaError(f"{where()}: timestamp is {ts}, expected a finite time in seconds")
+            raise SchemaError(f"{self._where()}: timestamp is {ts}, expected a finite time in seconds")
         if self._last_ts is not None and ts < self._last_ts:
-            raise SchemaError(f"{where()}: timestamp {ts:.6f} goes backwards (previous step {self._last_ts:.6f})")
+            raise SchemaError(f"{self._where()}: timestamp {ts:.6f} goes backwards (previous step {self._last_ts:.6f})")
         seg = int(Segment.parse(segment))
         header = self._header
         if header[_FAILED] or (self._copier is not None and self._copier.error):
@@ -378,6 +375,9 @@ class Recorder:
         self._last_ts = ts
         self._step_in_episode += 1
         self._blocked[(self._produced - 1) % _TIMING_WINDOW] = time.perf_counter() - t0
+
+    def _where(self) -> str:
+        return f"{self.path}: episode {self._first_episode + self._ended} step {self._step_in_episode}"
 
     def end_episode(self, success: bool | None = None, **meta_updates: Any) -> int:
         """Close the open episode; it is committed in the background. Returns its episode index."""

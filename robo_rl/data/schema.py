@@ -7,6 +7,7 @@ so a bad value is refused before it reaches disk.
 from __future__ import annotations
 
 import enum
+import functools
 import math
 import re
 import time
@@ -58,6 +59,8 @@ class KeySpec:
     name: str
     shape: tuple[int, ...]
     dtype: str
+    # the parsed dtype, set from `dtype`: equality, repr and the stored schema leave it out
+    _np_dtype: np.dtype = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)*", self.name):
@@ -73,16 +76,13 @@ class KeySpec:
             raise SchemaError(f"key {self.name!r}: images are uint8 (H, W, 3) or (H, W, 1), got {self.shape} {self.dtype}")
         object.__setattr__(self, "_np_dtype", np.dtype(self.dtype))  # checked every step: not parsed again
 
-    # not a field: equality, repr and the stored schema leave it out
-    _np_dtype: np.dtype = field(init=False, repr=False, compare=False, default=None)
-
     @property
     def is_image(self) -> bool:
         return self.name.startswith(IMAGE_PREFIX)
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+        return int(np.prod(self.shape, dtype=np.int64)) * self._np_dtype.itemsize
 
     def check(self, value: Any, where: str | Callable[[], str]) -> np.ndarray:
         """Return `value` as an array of this key's dtype, or raise naming `where` and the key.
@@ -108,7 +108,7 @@ class KeySpec:
         return arr
 
     def _cast(self, arr: np.ndarray, where: str) -> np.ndarray:
-        want = np.dtype(self.dtype)
+        want = self._np_dtype
         if arr.dtype != want:
             # Same-kind casts (float64 -> float32, int -> float) are what users mean; anything
             # else (float -> uint8 image, bool -> float) is a bug upstream and is refused.
@@ -158,13 +158,15 @@ class Schema:
             specs[name] = KeySpec(name, tuple(shape), dtype)
         return cls(keys=specs, fps=float(fps), robot=robot, cameras=list(cameras or []))
 
-    @property
-    def image_keys(self) -> list[str]:
-        return [k for k, s in self.keys.items() if s.is_image]
+    # Worked out once: the Recorder asks for them every step of the control loop. A schema's keys
+    # are not changed after it is built.
+    @functools.cached_property
+    def image_keys(self) -> tuple[str, ...]:
+        return tuple(k for k, s in self.keys.items() if s.is_image)
 
-    @property
-    def lowdim_keys(self) -> list[str]:
-        return [k for k, s in self.keys.items() if not s.is_image]
+    @functools.cached_property
+    def lowdim_keys(self) -> tuple[str, ...]:
+        return tuple(k for k, s in self.keys.items() if not s.is_image)
 
     def to_json(self) -> dict:
         return {

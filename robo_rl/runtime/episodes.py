@@ -371,6 +371,8 @@ def run_episodes(robots: Sequence[Any], sources: Any, config: ControllerConfig, 
             finish(i)
     finally:
         sys.setswitchinterval(switch)
+        if not lockstep:
+            gc.unfreeze()  # objects dropped later (a RaC round's policy) can be collected again
         running.clear()  # an error mid-tick: the episodes still open are dropped, never half-recorded
         sources.close()
     total.inference_ms = sources.latencies()
