@@ -33,6 +33,7 @@ BAD_STEPS = [
 ]
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered in reduce")  # the one-sum check's overflow, then the exact test
 def test_large_finite_values_whose_sum_overflows_are_accepted(filled_store):
     step, ts = _step(filled_store.schema)
     big = np.full(14, np.finfo(np.float32).max, np.float32)  # the sum is inf; every value is finite
