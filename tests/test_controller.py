@@ -44,7 +44,10 @@ def test_the_loop_keeps_its_rate_while_the_policy_thinks_and_drops_late_actions(
     rep = ctl.run(2.0)
     wall = time.monotonic() - t
     s = rep.summary()
-    assert rep.ticks == 100 and 1.9 < wall < 2.6
+    # the ticks themselves span 2 s (99 periods); the wall time also holds the loop's start (a
+    # garbage collection before the first tick, which a long test session makes slower)
+    ticking = sum(rep.period_ms) / 1000
+    assert rep.ticks == 100 and 1.9 < ticking < 2.2 and wall < 4.0, (ticking, wall)
     assert abs(s["period_p50_ms"] - 20.0) < 2.0, s
     # inference (35 ms) is longer than a tick, so every chunk lost its first 1-2 actions, yet the
     # loop never waited for it: ticks stayed on schedule
