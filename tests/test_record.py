@@ -35,7 +35,9 @@ def test_ctrl_c_during_record_keeps_every_finished_episode(tmp_path):
         s.send("n")
         s.expect("episode 1: recording")
         time.sleep(1.5)
-        s.send("fn")  # end it as a failure and start the next one at once, its commit still under way
+        # end it as a failure and start the next one at once, its commit still under way; no gap, so
+        # one terminal read holds both keys, as a quick typist sends them (the n must not be lost)
+        s.send("fn", gap_s=0)
         s.expect("episode 1: saved as 1")
         s.expect("episode 2: recording")
         s.interrupt()  # Ctrl-C (to the whole process group, as a terminal sends it) in the middle of an episode

@@ -130,7 +130,16 @@ class RecordSession:
                        watchdog=watchdog, end_on_success=False, end_on_time_limit=False)
 
     def decided(self) -> bool:
-        self.decision.extend(k for k in self.keys.take() if k in "yfx")
+        if self.decision:
+            return True
+        keys = self.keys.take()
+        for i, key in enumerate(keys):
+            if key in "yfx":
+                # keys typed after the one that ends the episode (a quick "fn": end, then start the
+                # next) belong to what comes next, even when one terminal read holds them both
+                self.decision.append(key)
+                self.keys.put_back(keys[i + 1:])
+                break
         return bool(self.decision)
 
     def step(self, i: int, obs: Any, executed: np.ndarray, segment: Any, outcome: Any) -> None:

@@ -106,6 +106,11 @@ class SessionKeys:
             out, self.pending = self.pending, []
         return out
 
+    def put_back(self, keys: list[str]) -> None:
+        """Return keys taken but meant for later (typed after the one that ended an episode)."""
+        with self._lock:
+            self.pending[:0] = keys
+
     def close(self) -> None:
         if self.terminal is not None:
             self.terminal.close()
