@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 
@@ -53,8 +54,9 @@ def test_the_loop_keeps_its_rate_while_the_policy_thinks_and_drops_late_actions(
     # loop never waited for it: ticks stayed on schedule
     assert rep.chunks >= 5 and rep.dropped_actions >= rep.chunks
     assert all(33 < ms < 200 for ms in rep.inference_ms)
-    # recording runs on its own clock: 25 Hz for 2 s
-    assert abs(rep.recorded - 50) <= 1 and len(recorded) == rep.recorded
+    # recording runs on its own clock: 25 Hz over the ticks' span (a late tick lets the next ones
+    # catch up on the record points it passed, so a stall can add one or two)
+    assert 49 <= rep.recorded <= int(ticking / 0.04) + 2 and len(recorded) == rep.recorded, (rep.recorded, ticking)
     # windows carry To = 2 frames of qpos
     assert calls[0]["obs/qpos"].shape == (1, 2, 14)
     assert rep.missing_actions >= 2  # the ticks before the first chunk arrived are held, and counted
@@ -151,8 +153,13 @@ def test_rtc_hands_the_predictor_the_running_chunk_and_the_measured_delay(robot)
 
     rep = Controller(robot, predict, ControllerConfig(hz=50, n_action_steps=8, rtc=True)).run(1.5)
     assert calls[0] == (None, 0) and len(calls) >= 5
-    for previous, delay in calls[2:]:
-        assert previous.shape[0] == 1 and 1 <= previous.shape[1] <= 8 and delay == 3, (previous.shape, delay)
+    # the delay is worked out from the latencies measured so far, so a late wake-up of the sleeping
+    # predictor (a loaded machine) raises it: compare with what was measured, not a fixed 3
+    latencies = rep.inference_ms
+    for i, (previous, delay) in enumerate(calls[2:], start=2):
+        expected = math.ceil(max(latencies[max(0, i - 5):i]) / 20.0)
+        assert previous.shape[0] == 1 and 1 <= previous.shape[1] <= 8, previous.shape
+        assert delay == expected and delay >= 3, (i, delay, latencies[:i])
     # what was handed over is the tail of a chunk this predictor made: waist values on its 0.01 grid
     tail = calls[3][0][0, :, 0] - home[0]
     assert np.allclose(np.diff(tail), 0.01) and np.allclose(tail * 100, np.round(tail * 100), atol=1e-4)
