@@ -7,9 +7,13 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 from conftest import robo_rl_cli as _cli
 from sim_bridge_proc import start_bridge, stop_bridge
+
+from robo_rl.hardware.ros2.dds import DdsTransport
+from robo_rl.hardware.ros2.messages import Bool
 
 
 def test_deploy_on_the_twin_prints_the_timing_table(checkpoints):
@@ -38,11 +42,13 @@ def test_deploy_over_ros2_against_the_sim_bridge(checkpoints):
                                    "robot=aloha", f"domain_id={dom}", "duration=60"], stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True, env=env)
         assert "deploy flow on aloha" in deploy.stdout.readline()
-        press = ("import sys, time\nfrom robo_rl.hardware.ros2.dds import DdsTransport\n"
-                 "from robo_rl.hardware.ros2.messages import Bool\n"
-                 "pub = DdsTransport(int(sys.argv[1])).publisher('/robo_rl/estop', Bool)\n"
-                 "for _ in range(20):\n    pub(Bool(True)); time.sleep(0.1)\n")
-        subprocess.run([sys.executable, "-c", press, dom], check=True, timeout=60)
+        # pressed from this process, until deploy ends (up to 20 s): a message sent before the
+        # two processes have found each other is lost, and discovery can be slow on a loaded machine
+        press = DdsTransport(int(dom)).publisher("/robo_rl/estop", Bool)
+        deadline = time.monotonic() + 20
+        while deploy.poll() is None and time.monotonic() < deadline:
+            press(Bool(True))
+            time.sleep(0.1)
         out, err = deploy.communicate(timeout=30)
         assert deploy.returncode == 1 and "stopped: e-stop: /robo_rl/estop (ROS 2)" in out, out + err
     finally:

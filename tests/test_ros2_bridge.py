@@ -15,7 +15,7 @@ from sim_bridge_proc import start_bridge, stop_bridge
 
 from robo_rl.errors import ConfigError
 from robo_rl.hardware.ros2.dds import DdsTransport
-from robo_rl.hardware.ros2.messages import JointTrajectory
+from robo_rl.hardware.ros2.messages import JointState, JointTrajectory
 from robo_rl.hardware.ros2.robot import Ros2Robot
 from robo_rl.hardware.safety import SafetyConfig, SafetyFilter, Watchdog
 from robo_rl.runtime.controller import Controller, ControllerConfig
@@ -106,7 +106,13 @@ def test_the_bridge_refuses_nan_commands_itself(bridge):
     from robo_rl.hardware.ros2.messages import JointTrajectoryPoint
 
     joints = ["waist", "shoulder", "elbow", "forearm_roll", "wrist_angle", "wrist_rotate", "gripper"]
-    publish = DdsTransport(domain()).publisher("/left/arm_controller/joint_trajectory", JointTrajectory)
+    transport = DdsTransport(domain())
+    publish = transport.publisher("/left/arm_controller/joint_trajectory", JointTrajectory)
+    # wait until this participant and the bridge have found each other (its joint states arrive):
+    # commands sent before that are lost, and discovery can take a while on a loaded machine
+    states = Inbox()
+    transport.subscribe("/left/joint_states", JointState, states, qos="sensor")
+    assert states.wait_for(1, timeout_s=20), "the bridge's joint states never arrived"
     for _ in range(20):
         publish(JointTrajectory(joint_names=joints, points=[JointTrajectoryPoint(positions=[float("nan")] * 7)]))
         time.sleep(0.05)
