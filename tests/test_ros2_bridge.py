@@ -88,11 +88,34 @@ def test_deploy_moves_the_twin_keeps_bad_actions_off_the_wire_and_stops_when_the
 
     rep = Controller(KillsTheBridge(robot), policy, ControllerConfig(hz=50), safety=safety,
                      watchdog=Watchdog(cfg)).run(10.0)
+    assert killed_at, f"the run stopped after {rep.ticks} ticks, before the kill: {rep.stopped_reason}"
     stopped_after = time.monotonic() - killed_at[0]
     assert "no joint state for" in rep.stopped_reason and "not commanding" in rep.stopped_reason, rep.stopped_reason
     assert stopped_after < 0.2 + 0.4, stopped_after  # the watchdog's timeout + scheduling slack
     assert wire.stays_quiet(0.0, 0.3), "commands were still published after the watchdog stop"
     robot.close()
+
+
+def test_a_long_garbage_collection_before_the_first_tick_does_not_trip_the_watchdog(bridge):
+    """The loop collects garbage before its first tick (so that no collection lands mid-run). That
+    holds the GIL, so no joint state is handled meanwhile: with a big heap the newest one was older
+    than the watchdog's limit at the first tick, and the run stopped before it commanded anything."""
+    import gc
+
+    robot = Ros2Robot("aloha", DdsTransport(domain()))
+    robot.connect(timeout_s=20)
+    home = robot.spec.home
+    heap = [[] for _ in range(5_000_000)]  # objects the collector must walk, as a big application's
+    t = time.perf_counter()
+    gc.collect()
+    collect_s = time.perf_counter() - t
+    cfg = SafetyConfig(observation_timeout_s=0.1)  # the bridge publishes at 50 Hz
+    assert collect_s > cfg.observation_timeout_s, f"the heap is too small to test this here: {collect_s:.3f} s"
+    rep = Controller(robot, lambda window: np.repeat(home[None], 16, 0), ControllerConfig(hz=50),
+                     safety=SafetyFilter(robot.spec, cfg), watchdog=Watchdog(cfg)).run(0.5)
+    del heap
+    robot.close()
+    assert rep.stopped_reason == "" and rep.ticks == 25, (rep.stopped_reason, rep.ticks)
 
 
 def test_no_robot_on_the_domain_is_a_one_line_error():

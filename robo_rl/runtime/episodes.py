@@ -272,6 +272,15 @@ def run_episodes(robots: Sequence[Any], sources: Any, config: ControllerConfig, 
         # cameras). Frozen before the first tick, the collector's passes see only new objects.
         gc.collect()
         gc.freeze()
+        # The collection holds the GIL throughout, so a robot fed by messages handled none while
+        # it ran: its newest joint state is as old as the collection was long (345 ms with a big
+        # heap), and the watchdog stopped the first tick. Let its message threads catch up first;
+        # a robot that has really gone quiet still meets the watchdog at the first tick.
+        collected = time.monotonic()  # the robots' clock (`last_update`), whatever `clock` is
+        for robot in robots:
+            wait_for_fresh = getattr(robot, "wait_for_fresh", None)
+            if wait_for_fresh is not None:
+                wait_for_fresh(collected, timeout_s=0.5)
     try:
         for i in range(len(robots)):
             start(i, 0.0)
