@@ -342,11 +342,12 @@ class Ros2Robot:
 
     def wait_for_fresh(self, since: float, timeout_s: float = 2.0) -> bool:
         """Wait until every arm's joint state and every read camera's frame arrived after `since`
-        (monotonic), e.g. after the twin reset its scene; False if that took over `timeout_s`."""
+        (monotonic), e.g. after the twin reset its scene; False if that took over `timeout_s`. A
+        camera that never sent a frame is not waited for: observations leave it out."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             frames = [r.read() for r in self.camera_readers.values()]
-            if (self.last_update or -math.inf) > since and all(f is not None and f[1] > since for f in frames):
+            if (self.last_update or -math.inf) > since and all(f is None or f[1] > since for f in frames):
                 return True
             time.sleep(0.002)
         return False
