@@ -45,6 +45,19 @@ def robo_rl_cli(*args: str, timeout: float = 300):
                           timeout=timeout, env=env, cwd=TESTS.parent, stdin=subprocess.DEVNULL)
 
 
+def robo_rl_in_process(capsys, *args: str) -> tuple[int, str]:
+    """`robo-rl ARGS` in this process (no interpreter start-up, 2-4 s of imports): (exit code,
+    stderr). For refusals of bad input; `robo_rl_cli` runs a command as a user does."""
+    from robo_rl.cli.main import main
+
+    capsys.readouterr()
+    try:
+        code = main(list(args))
+    except SystemExit as e:
+        code = e.code
+    return code, capsys.readouterr().err
+
+
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory):
     """Tiny flow policies trained for a few steps on TransferCube demos: `state` on qpos +

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import robo_rl_cli
+from conftest import robo_rl_in_process as _in_process
 
 from robo_rl.data.schema import EpisodeMeta
 from robo_rl.data.store import EpisodeStore
@@ -280,18 +281,6 @@ def _one_line(code, err, needle):
     assert "Traceback" not in err, err
     lines = [line for line in err.strip().splitlines() if line]
     assert len(lines) == 1 and needle in lines[0], err
-
-
-def _in_process(capsys, *args):
-    """`robo-rl ARGS` in this process (no interpreter start-up): (exit code, stderr)."""
-    from robo_rl.cli.main import main
-
-    capsys.readouterr()
-    try:
-        code = main(list(args))
-    except SystemExit as e:
-        code = e.code
-    return code, capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")

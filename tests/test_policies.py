@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import robo_rl_in_process
 
 from robo_rl.data.sampler import WindowSampler
 from robo_rl.data.schema import EpisodeMeta, Schema
@@ -563,19 +564,21 @@ def test_train_and_eval_commands_in_the_twin(tmp_path):
     assert "reached lifted_by_right" in r.stdout
 
 
-def test_commands_reject_bad_input_in_one_line(tmp_path):
-    r = _cli("train", f"dataset={tmp_path / 'nope'}")
-    assert r.returncode == 2 and r.stderr.startswith("error:") and "Traceback" not in r.stderr
-    r = _cli("eval", f"checkpoint={tmp_path / 'missing.pt'}")
-    assert r.returncode == 2 and "does not exist" in r.stderr and "Traceback" not in r.stderr
+def test_commands_reject_bad_input_in_one_line(tmp_path, capsys):
+    # in this process: a subprocess would spend 3-4 s per refusal importing torch
+    # (test_bad_input.py runs refusals as a user does, from a shell)
+    code, err = robo_rl_in_process(capsys, "train", f"dataset={tmp_path / 'nope'}")
+    assert code == 2 and err.startswith("error:") and "Traceback" not in err
+    code, err = robo_rl_in_process(capsys, "eval", f"checkpoint={tmp_path / 'missing.pt'}")
+    assert code == 2 and "does not exist" in err and "Traceback" not in err
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"not a checkpoint")
-    r = _cli("eval", f"checkpoint={bad}")
-    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
-    r = _cli("eval", f"checkpoint={bad}", "disturb=maybe")
-    assert r.returncode == 2 and "disturb='maybe'" in r.stderr and "Traceback" not in r.stderr, r.stderr
-    r = _cli("train", "task=fold_laundry")
-    assert r.returncode == 2 and "unknown" in r.stderr
+    code, err = robo_rl_in_process(capsys, "eval", f"checkpoint={bad}")
+    assert code == 2 and "Traceback" not in err, err
+    code, err = robo_rl_in_process(capsys, "eval", f"checkpoint={bad}", "disturb=maybe")
+    assert code == 2 and "disturb='maybe'" in err and "Traceback" not in err, err
+    code, err = robo_rl_in_process(capsys, "train", "task=fold_laundry")
+    assert code == 2 and "unknown" in err
 
 
 @pytest.mark.slow  # ~10 s (AMD EPYC, AVX2): two processes under torchrun
