@@ -45,6 +45,24 @@ def robo_rl_cli(*args: str, timeout: float = 300):
                           timeout=timeout, env=env, cwd=TESTS.parent, stdin=subprocess.DEVNULL)
 
 
+class OnNthCommand:
+    """A robot as the control loop sees it, calling `action()` once, as the loop sends its `n`th
+    command: a test's event follows the loop's progress, not a wall clock that the loop's start
+    (a garbage collection on a big heap) can outrun."""
+
+    def __init__(self, robot, n: int, action):
+        self.robot, self.n, self.action, self.commands = robot, n, action, 0
+
+    def __getattr__(self, name: str):
+        return getattr(self.robot, name)
+
+    def act(self, a):
+        self.commands += 1
+        if self.commands == self.n:
+            self.action()
+        return self.robot.act(a)
+
+
 def robo_rl_in_process(capsys, *args: str) -> tuple[int, str]:
     """`robo-rl ARGS` in this process (no interpreter start-up, 2-4 s of imports): (exit code,
     stderr). For refusals of bad input; `robo_rl_cli` runs a command as a user does."""

@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import OnNthCommand
 
 from robo_rl.errors import ConfigError
 from robo_rl.hardware.safety import EStop, SafetyConfig, SafetyFilter
@@ -95,21 +96,7 @@ def test_chunk_hand_over_is_blended_and_safety_clamps_what_is_sent(robot):
 def test_an_estop_from_another_thread_ends_the_run(robot):
     predict, _ = slow_policy(robot.spec.home, latency_s=0.005)
     stop = EStop()
-    running = threading.Event()
-
-    class Counting:  # the twin, telling the operator's thread once the loop has sent 10 commands
-        spec = robot.spec
-        acts = 0
-
-        def observe(self):
-            return robot.observe()
-
-        def act(self, a):
-            Counting.acts += 1
-            if Counting.acts == 10:
-                running.set()
-            return robot.act(a)
-
+    running = threading.Event()  # set as the loop sends its 10th command
     def operator():
         # waits for the loop itself, not the wall clock: on a loaded CI machine the loop's start
         # (first observation, first chunk) can take longer than any fixed delay
@@ -118,7 +105,7 @@ def test_an_estop_from_another_thread_ends_the_run(robot):
 
     threading.Thread(target=operator, daemon=True).start()
     t = time.monotonic()
-    rep = Controller(Counting(), predict, ControllerConfig(hz=50), estop=stop).run(5.0)
+    rep = Controller(OnNthCommand(robot, 10, running.set), predict, ControllerConfig(hz=50), estop=stop).run(5.0)
     assert rep.stopped_reason == "e-stop: operator pressed space"
     # the trip lands a tick or a few after the 10th command; the run never goes on to its 5 s
     assert 10 <= rep.ticks <= 40 and time.monotonic() - t < 4.0, (rep.ticks, time.monotonic() - t)

@@ -108,3 +108,16 @@ def test_record_and_teleop_refuse_bad_input_in_one_line(tmp_path, capsys):
     r = robo_rl_cli("record", f"out={tmp_path}/a", timeout=60)
     assert r.returncode == 2 and "the episode keys need a terminal" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert not (tmp_path / "a").exists()  # nothing was created for a refused session
+
+
+def test_keys_typed_after_the_one_that_ends_an_episode_stay_queued():
+    from robo_rl.cli.session import SessionKeys
+
+    keys = SessionKeys(episode_keys="nyfx")
+    try:
+        keys.pending[:] = ["f", "n", "y"]  # one terminal read: end as a failure, start, end again
+        assert keys.take(until="yfx") == ["f"] and keys.take(until="yfx") == ["n", "y"]
+        keys.pending[:] = ["n", "n"]
+        assert keys.take(until="yfx") == ["n", "n"] and keys.take() == []
+    finally:
+        keys.close()

@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pytest
 
+from conftest import OnNthCommand
 from inbox import Inbox
 from sim_bridge_proc import start_bridge, stop_bridge
 
@@ -72,21 +73,11 @@ def test_deploy_moves_the_twin_keeps_bad_actions_off_the_wire_and_stops_when_the
     # the watchdog time of the kill
     killed_at = []
 
-    class KillsTheBridge:
-        def __init__(self, inner):
-            self.inner, self.acts = inner, 0
+    def kill():
+        bridge.send_signal(signal.SIGKILL)
+        killed_at.append(time.monotonic())
 
-        def __getattr__(self, name):
-            return getattr(self.inner, name)
-
-        def act(self, a):
-            self.acts += 1
-            if self.acts == 25:
-                bridge.send_signal(signal.SIGKILL)
-                killed_at.append(time.monotonic())
-            return self.inner.act(a)
-
-    rep = Controller(KillsTheBridge(robot), policy, ControllerConfig(hz=50), safety=safety,
+    rep = Controller(OnNthCommand(robot, 25, kill), policy, ControllerConfig(hz=50), safety=safety,
                      watchdog=Watchdog(cfg)).run(10.0)
     assert killed_at, f"the run stopped after {rep.ticks} ticks, before the kill: {rep.stopped_reason}"
     stopped_after = time.monotonic() - killed_at[0]

@@ -99,7 +99,7 @@ class RecordSession:
         self.hz = opened.robot.spec.control_hz
         self.index, self.rows, self.stopped = 0, [], ""  # stopped: why the session stopped early, if it did
         self.extra: dict[str, Any] = {}
-        self.decision: list[str] = []
+        self.decision = ""  # the key that ended the open episode: y, f or x
         self.t0 = 0.0
 
     def start(self, i: int) -> Any:
@@ -122,7 +122,7 @@ class RecordSession:
         self.operator.reset()
         self.recorder.start_episode(EpisodeMeta(task=str(cfg.task or ""), source=str(cfg.mode) if self.has_policy
                                                 else "teleop", operator=f"human_{self.device_name}", extra=self.extra))
-        self.decision, self.t0 = [], time.monotonic()
+        self.decision, self.t0 = "", time.monotonic()
         print(f"episode {self.index}: recording", flush=True)
         if self.live is not None:
             self.live.mark(f"episode {self.index}: recording")
@@ -130,16 +130,8 @@ class RecordSession:
                        watchdog=watchdog, end_on_success=False, end_on_time_limit=False)
 
     def decided(self) -> bool:
-        if self.decision:
-            return True
-        keys = self.keys.take()
-        for i, key in enumerate(keys):
-            if key in "yfx":
-                # keys typed after the one that ends the episode (a quick "fn": end, then start the
-                # next) belong to what comes next, even when one terminal read holds them both
-                self.decision.append(key)
-                self.keys.put_back(keys[i + 1:])
-                break
+        if not self.decision:  # the keys after the deciding one stay queued for the next episode
+            self.decision = next((k for k in self.keys.take(until="yfx") if k in "yfx"), "")
         return bool(self.decision)
 
     def step(self, i: int, obs: Any, executed: np.ndarray, segment: Any, outcome: Any) -> None:
@@ -158,14 +150,13 @@ class RecordSession:
             print(f"episode {index}: not started: {s['stopped_reason']}", flush=True)
             self.stopped = s["stopped_reason"]  # a tripped e-stop stays tripped: no episode could start
             return
-        if report.interrupted or report.recorded == 0 or (self.decision and self.decision[0] == "x"):
+        if report.interrupted or report.recorded == 0 or self.decision == "x":
             self.recorder.discard_episode()
             print(f"episode {index}: discarded", flush=True)
             return
-        key = self.decision[0] if self.decision else ""
-        marked = {"y": True, "f": False}.get(key)
+        marked = {"y": True, "f": False}.get(self.decision)
         ended = self.sources.ended(0)
-        why = f"marked {key}" if marked is not None else ("RaC end" if ended else "time limit")
+        why = f"marked {self.decision}" if marked is not None else ("RaC end" if ended else "time limit")
         updates: dict[str, Any] = {"ended": why, "marked_success": marked}
         if opened.twin is not None:  # the twin knows: its verdict is the label, the human's mark is kept beside it
             success = opened.robot.success

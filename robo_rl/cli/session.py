@@ -101,15 +101,14 @@ class SessionKeys:
             elif self.keyboard is not None:
                 self.keyboard.press(key)
 
-    def take(self) -> list[str]:
+    def take(self, until: str = "") -> list[str]:
+        """The queued episode keys, oldest first. With `until`, only up to and including the first
+        of those keys: what was typed after it (a quick "fn": end, then start the next episode)
+        stays queued for later, even when one terminal read held them all."""
         with self._lock:
-            out, self.pending = self.pending, []
+            n = next((i + 1 for i, key in enumerate(self.pending) if key in until), len(self.pending))
+            out, self.pending = self.pending[:n], self.pending[n:]
         return out
-
-    def put_back(self, keys: list[str]) -> None:
-        """Return keys taken but meant for later (typed after the one that ended an episode)."""
-        with self._lock:
-            self.pending[:0] = keys
 
     def close(self) -> None:
         if self.terminal is not None:
