@@ -138,13 +138,14 @@ def test_rtc_hands_the_predictor_the_running_chunk_and_the_measured_delay(robot)
         chunk[:, 0] += 0.01 * (np.arange(16) + len(calls))  # each chunk a little ahead of the last
         return chunk
 
-    rep = Controller(robot, predict, ControllerConfig(hz=50, n_action_steps=8, rtc=True)).run(1.5)
+    cfg = ControllerConfig(hz=50, n_action_steps=8, rtc=True)
+    rep = Controller(robot, predict, cfg).run(1.5)
     assert calls[0] == (None, 0) and len(calls) >= 5
     # the delay is worked out from the latencies measured so far, so a late wake-up of the sleeping
     # predictor (a loaded machine) raises it: compare with what was measured, not a fixed 3
     latencies = rep.inference_ms
     for i, (previous, delay) in enumerate(calls[2:], start=2):
-        expected = math.ceil(max(latencies[max(0, i - 5):i]) / 20.0)
+        expected = math.ceil(max(latencies[max(0, i - cfg.rtc_latency_window):i]) / (1e3 / cfg.hz))
         assert previous.shape[0] == 1 and 1 <= previous.shape[1] <= 8, previous.shape
         assert delay == expected and delay >= 3, (i, delay, latencies[:i])
     # what was handed over is the tail of a chunk this predictor made: waist values on its 0.01 grid
