@@ -219,6 +219,41 @@ def test_image_policy_trains_end_to_end(tmp_path, encoder):
     assert rebuilt.config.image_encoder == policy.config.image_encoder
 
 
+def test_joint_noise_and_dropout_act_only_while_training(tmp_path):
+    """policy.lowdim_noise / lowdim_dropout perturb the normalised low-dim keys in training only:
+    evaluation sees the joints as they are, and a dropped sample loses every low-dim key at once."""
+    torch.manual_seed(0)
+    opts = {**TINY, **TINY_CONV}
+    _, plain, sampler = tiny_setup(tmp_path / "a", "flow", opts, images=True)
+    batch = sampler.sample(64, torch.Generator().manual_seed(1))
+    obs = {k: batch[k] for k in ("obs/qpos", "obs/images/top")}
+    clean = {k: plain.body.norms["obs__qpos"].normalize(obs[k].float()) for k in ("obs/qpos",)}
+
+    _, dropping, _ = tiny_setup(tmp_path / "b", "flow", {**opts, "lowdim_dropout": 0.5}, images=True)
+    dropped = dropping.body.train()._perturb_lowdim(dict(clean))["obs/qpos"]
+    zero_rows = (dropped == 0).all(-1).all(-1)
+    assert 10 < int(zero_rows.sum()) < 54  # about half the samples, each dropped whole
+    assert torch.equal(dropped[~zero_rows], clean["obs/qpos"][~zero_rows])
+
+    _, noisy, _ = tiny_setup(tmp_path / "c", "flow", {**opts, "lowdim_noise": 0.2}, images=True)
+    moved = noisy.body.train()._perturb_lowdim(dict(clean))["obs/qpos"] - clean["obs/qpos"]
+    assert 0.15 < float(moved.std()) < 0.25
+
+    noisy.load_state_dict(plain.state_dict())
+    for policy in (plain, noisy):
+        policy.eval()
+    with torch.no_grad():  # evaluation: the same conditioning with or without the training-only noise
+        assert torch.equal(noisy.body.encode(obs), plain.body.encode(obs))
+    with pytest.raises(ConfigError, match="lowdim_dropout=1.0 must be in"):
+        make_policy("flow", {**opts, "lowdim_dropout": 1.0}, plain.shapes)
+
+
+def test_a_camera_the_store_lacks_is_named_with_the_cameras_it_has(tmp_path):
+    store = smooth_store(tmp_path / "store", images=True)
+    with pytest.raises(ConfigError, match=r"'obs/images/wrist': the dataset has no such camera; its cameras are \['obs/images/top'\]"):
+        ObsShapes.from_schema(store.schema, ["obs/qpos", "obs/images/wrist"])
+
+
 def test_weighted_mean_and_schedule():
     assert weighted_mean(torch.tensor([1.0, 3.0]), torch.tensor([1.0, 0.0])).item() == 1.0
     assert weighted_mean(torch.tensor([1.0, 3.0]), None).item() == 2.0

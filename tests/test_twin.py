@@ -276,3 +276,23 @@ def test_pack_cube_slip_drops_the_carried_cube_only_in_disturbed_envs():
     assert all(env.step(hold)[4]["disturbance"] is None for _ in range(20)), "once per episode"
     env.close()
     clean.close()
+
+
+def test_cameras_render_supersampled_and_area_averaged():
+    """render_scale k renders k times larger and area-averages down, as a sensor integrates light:
+    the frame is the mean of the big render's k x k blocks, and a scale the scene's offscreen
+    buffer cannot hold falls back to the largest that fits."""
+    from robo_rl.data.codecs import resize_rgb
+
+    point = SimRobot("transfer_cube.xml", cameras=["top"], image_size=(48, 64), render_scale=1)
+    smooth = SimRobot("transfer_cube.xml", cameras=["top"], image_size=(48, 64), render_scale=3)
+    big = SimRobot("transfer_cube.xml", cameras=["top"], image_size=(144, 192), render_scale=1)
+    try:
+        frame, reference = smooth.render()["top"], resize_rgb(big.render()["top"], (48, 64))
+        assert frame.shape == (48, 64, 3) and frame.dtype == np.uint8
+        assert np.abs(frame.astype(int) - reference.astype(int)).max() <= 1
+        assert not np.array_equal(frame, point.render()["top"])  # edges are now blends, not point samples
+        assert SimRobot("transfer_cube.xml", cameras=["top"], image_size=(240, 320), render_scale=4).render_scale == 2
+    finally:
+        for robot in (point, smooth, big):
+            robot.close()

@@ -60,6 +60,10 @@ class ObsShapes:
         lowdim, images = {}, {}
         for k in obs_keys:
             if k not in schema.keys:
+                cameras = sorted(c for c, spec in schema.keys.items() if len(spec.shape) == 3)
+                if k.startswith("obs/images/"):
+                    raise ConfigError(f"observation key {k!r}: the dataset has no such camera; its cameras are "
+                                      f"{cameras or 'none (state only)'}")
                 raise ConfigError(f"observation key {k!r} is not in the dataset; keys are {sorted(schema.keys)}")
             spec = schema.keys[k]
             if len(spec.shape) == 3:
@@ -106,6 +110,11 @@ class ChunkConfig:
     image_encoder: str = "resnet18"  # resnet18 | conv: a 4-layer CNN, about 18x cheaper to train on a CPU
     conv_channels: tuple[int, ...] = CONV_CHANNELS  # image_encoder=conv: channels per layer
     crop_ratio: float = 0.9     # random crop side / image side while training
+    # Training-only remedies for a camera policy that copies its own joints instead of looking
+    # (the "copycat" problem): per sample, drop every low-dim key to zero with this probability, or
+    # add Gaussian noise of this size (in normalised units, where a key's range is [-1, 1]).
+    lowdim_dropout: float = 0.0
+    lowdim_noise: float = 0.0
     norm_mode: str = "minmax"   # action and low-dim normalisation (to [-1, 1])
     obs_min_span: float = 0.05  # floor on an observation dim's range (m, rad) before scaling it to [-1, 1]
     mask_padded_actions: bool = False  # False: learn to hold the last action past an episode's end
@@ -129,6 +138,9 @@ class ChunkConfig:
             raise ConfigError(f"policy.image_encoder={self.image_encoder!r}; choose one of {', '.join(IMAGE_ENCODERS)}")
         if self.image_encoder == "conv" and (not self.conv_channels or min(self.conv_channels) < 1):
             raise ConfigError(f"policy.conv_channels={list(self.conv_channels)} must be one or more positive channel counts")
+        if not 0.0 <= self.lowdim_dropout < 1.0 or self.lowdim_noise < 0.0:
+            raise ConfigError(f"policy.lowdim_dropout={self.lowdim_dropout} must be in [0, 1) and "
+                              f"policy.lowdim_noise={self.lowdim_noise} >= 0")
         if self.backbone not in ("unet", "transformer", "mlp"):
             raise ConfigError(f"policy.backbone={self.backbone!r}; choose transformer, unet or mlp")
         if not 1 <= self.n_action_steps <= self.horizon:
@@ -194,8 +206,25 @@ class ChunkBody(nn.Module):
 
     def encode(self, obs: Mapping[str, torch.Tensor]) -> torch.Tensor:
         x = {k: self.norms[k.replace("/", "__")].normalize(obs[k].float()) for k in self.shapes.lowdim}
+        if self.training and x and (self.cfg.lowdim_dropout > 0 or self.cfg.lowdim_noise > 0):
+            x = self._perturb_lowdim(x)
         x.update({k: obs[k] for k in self.shapes.images})
         return self.encoder(x)
+
+    def _perturb_lowdim(self, x: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Training only: noise on, or per-sample dropout of, the normalised low-dim keys, so the
+        action loss cannot be met from the joints alone and keeps teaching the image encoder."""
+        first = next(iter(x.values()))
+        keep = None
+        if self.cfg.lowdim_dropout > 0:
+            shape = (first.shape[0],) + (1,) * (first.ndim - 1)
+            keep = (torch.rand(shape, device=first.device) >= self.cfg.lowdim_dropout).to(first.dtype)
+        out = {}
+        for k, v in x.items():
+            if self.cfg.lowdim_noise > 0:
+                v = v + self.cfg.lowdim_noise * torch.randn_like(v)
+            out[k] = v if keep is None else v * keep
+        return out
 
     def obs_from_window(self, obs_window: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         """Raw observation arrays (B x To x ... numpy or tensors) -> tensors on the policy's device,

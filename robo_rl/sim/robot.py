@@ -11,10 +11,15 @@ from typing import Sequence
 import mujoco
 import numpy as np
 
+from robo_rl.data.codecs import resize_rgb
 from robo_rl.errors import INSTALL_GL, ConfigError, RoboRLError
 from robo_rl.hardware.robot import Observation, RobotSpec
 
 SIM_DIR = Path(__file__).resolve().parents[2] / "sim"
+# Camera frames are rendered at this many times their size and area-averaged down, as a real
+# sensor integrates light over each pixel: a point-sampled 96x96 frame moves a small object in
+# whole-pixel jumps (about 1 cm of table per pixel on the top camera).
+RENDER_SCALE = 1
 
 
 def new_renderer(model: mujoco.MjModel, height: int, width: int) -> mujoco.Renderer:
@@ -38,6 +43,7 @@ class SimRobot:
         cameras: Sequence[str] | None = None,
         image_size: tuple[int, int] = (240, 320),
         realtime: bool = False,
+        render_scale: int | None = None,
     ):
         path = Path(scene)
         if not path.is_absolute():
@@ -71,6 +77,7 @@ class SimRobot:
             if mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_CAMERA, cam) < 0:
                 raise ConfigError(f"{path}: no camera '{cam}'")
         self.image_size = tuple(image_size)
+        self.render_scale = self._fit_scale(RENDER_SCALE if render_scale is None else int(render_scale))
         self.realtime = realtime
         self._renderer: mujoco.Renderer | None = None
         self._next_tick: float | None = None
@@ -80,7 +87,7 @@ class SimRobot:
     def connect(self) -> None:
         if self.cameras and self._renderer is None:
             h, w = self.image_size
-            self._renderer = new_renderer(self.model, h, w)
+            self._renderer = new_renderer(self.model, h * self.render_scale, w * self.render_scale)
 
     def observe(self) -> Observation:
         return Observation(qpos=self.joint_positions(), qvel=self.joint_velocities(), images=self.render(),
@@ -133,8 +140,17 @@ class SimRobot:
         out = {}
         for cam in self.cameras:
             self._renderer.update_scene(self.data, cam)
-            out[cam] = self._renderer.render()
+            frame = self._renderer.render()
+            out[cam] = frame if self.render_scale == 1 else resize_rgb(frame, self.image_size)
         return out
+
+    def _fit_scale(self, scale: int) -> int:
+        """The largest render scale up to `scale` whose frames fit the scene's offscreen buffer."""
+        h, w = self.image_size
+        limit_h, limit_w = int(self.model.vis.global_.offheight), int(self.model.vis.global_.offwidth)
+        while scale > 1 and (h * scale > limit_h or w * scale > limit_w):
+            scale -= 1
+        return max(1, scale)
 
     def joint_positions(self) -> np.ndarray:
         """Joint positions in action units (grippers normalised), without rendering."""

@@ -1,0 +1,315 @@
+"""Why a camera policy fails in closed loop: the measurements behind docs/results.md's
+"Camera policies: diagnosis" table. Three parts, each a table with its reference in the same run:
+
+- `probe`: per camera, how well the cube's position and yaw can be read from one frame. A fresh
+  encoder (the policy's own conv encoder, same crop) is trained to regress them on the demos'
+  frames before the grasp (the cube still at its start pose), and scored on held-out episodes,
+  against the reference of guessing the training mean. With `--checkpoint`, the trained
+  policy's own frozen camera features get a ridge-regression probe too: what the action loss
+  taught the encoder to see. The targets are privileged (object pose); a probe is a measurement,
+  never a policy input.
+- `openloop`: a trained policy's chunks on its training windows, by where the window starts in
+  the episode, against the demos' actions; beside each, how far the chunk moves when the frames
+  are swapped for another episode's frames at the same step (the cube elsewhere), against how far
+  the two demos' own actions differ there. A policy that reads its joints instead of the image
+  ("copycat") moves little when the image is swapped.
+- `position`: an eval.json's episodes binned by the cube's start distance from its mean pose.
+
+    python bench/camera_diagnosis.py probe --dataset data/demos/tc_cams [--checkpoint RUN/checkpoints/last.pt]
+    python bench/camera_diagnosis.py openloop --dataset data/demos/tc_cams --checkpoint RUN/checkpoints/last.pt
+    python bench/camera_diagnosis.py position --eval RUN/eval-last/eval.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import cpu_kind, make_console, table  # noqa: E402
+
+from robo_rl.data.store import EpisodeStore  # noqa: E402
+
+TRAIN_EPISODES = 40  # the rest of a 50-episode store is held out for the probes
+
+
+def show(title: str, columns: list[str], rows: list[tuple]) -> None:
+    t = table(title, columns)
+    for row in rows:
+        t.add_row(*(str(v) for v in row))
+    make_console().print(t)
+
+
+def cube_pose(env_state: np.ndarray) -> np.ndarray:
+    """(x, y, yaw) of the cube from TransferCube's env_state (x, y, z, qw, qx, qy, qz)."""
+    w, x, y, z = env_state[..., 3], env_state[..., 4], env_state[..., 5], env_state[..., 6]
+    yaw = np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z))
+    return np.stack([env_state[..., 0], env_state[..., 1], yaw], -1).astype(np.float32)
+
+
+def resting_steps(store: EpisodeStore, episodes: range) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Global step indices (and their episode and step-in-episode) where the cube still rests at
+    its start pose (moved < 2 mm): its pose is what the grasp must be aimed at."""
+    state = np.asarray(store.read("obs/env_state"))
+    idx, ep, t = [], [], []
+    for e in episodes:
+        s, end = store.episode_range(e)
+        moved = np.linalg.norm(state[s:end, :3] - state[s, :3], axis=1)
+        still = np.flatnonzero(np.cumsum(moved > 0.002) == 0)
+        idx.append(s + still), ep.append(np.full(len(still), e)), t.append(still)
+    return np.concatenate(idx), np.concatenate(ep), np.concatenate(t)
+
+
+def probe_errors(pred: np.ndarray, target: np.ndarray) -> tuple[float, float]:
+    """(median xy error in cm, median |yaw error| in degrees)."""
+    xy = np.linalg.norm(pred[:, :2] - target[:, :2], axis=1) * 100
+    yaw = np.abs(pred[:, 2] - target[:, 2]) * 180 / math.pi
+    return float(np.median(xy)), float(np.median(yaw))
+
+
+def fmt(errors: tuple[float, float]) -> tuple[str, str]:
+    return f"{errors[0]:.2f}", f"{errors[1]:.1f}"
+
+
+def train_probe(frames: np.ndarray, targets: np.ndarray, test_frames: np.ndarray, steps: int, batch: int,
+                crop_ratio: float, bf16: bool, seed: int) -> np.ndarray:
+    """A fresh conv encoder + linear head regressing (x, y, yaw), normalised; predictions on test_frames."""
+    from robo_rl.policies.nets.encoders import CameraEncoder
+
+    torch.manual_seed(seed)
+    mean, std = targets.mean(0), targets.std(0) + 1e-6
+    y = torch.as_tensor((targets - mean) / std)
+    x = torch.as_tensor(frames)
+    enc = CameraEncoder(tuple(frames.shape[1:3]), 64, 32, crop_ratio, kind="conv")
+    model = torch.nn.Sequential(enc, torch.nn.Mish(), torch.nn.Linear(64, 3))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-6)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, 1e-3, total_steps=steps, pct_start=0.1)
+    gen = torch.Generator().manual_seed(seed)
+    model.train()
+    for _ in range(steps):
+        i = torch.randint(0, len(x), (batch,), generator=gen)
+        with torch.autocast("cpu", torch.bfloat16, enabled=bf16):
+            loss = (model(x[i]).float() - y[i]).pow(2).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sched.step()
+    model.eval()
+    with torch.no_grad():
+        out = torch.cat([model(torch.as_tensor(test_frames[j:j + 256])) for j in range(0, len(test_frames), 256)])
+    return out.numpy() * std + mean
+
+
+def policy_features(policy, key: str, frames: np.ndarray) -> np.ndarray:
+    enc = policy.body.encoder.cameras[key.replace("/", "__")]
+    with torch.no_grad():
+        return torch.cat([enc(torch.as_tensor(frames[j:j + 256])) for j in range(0, len(frames), 256)]).float().numpy()
+
+
+def ridge(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, lam: float = 1e-3) -> np.ndarray:
+    mu, sd = train_x.mean(0), train_x.std(0) + 1e-6
+    a = np.c_[(train_x - mu) / sd, np.ones(len(train_x))]
+    w = np.linalg.solve(a.T @ a + lam * len(a) * np.eye(a.shape[1]), a.T @ train_y)
+    return np.c_[(test_x - mu) / sd, np.ones(len(test_x))] @ w
+
+
+def run_probe(args) -> None:
+    store = EpisodeStore.open(args.dataset, mode="r")
+    cams = args.cameras or list(store.schema.image_keys)
+    n = store.n_episodes
+    if n <= TRAIN_EPISODES:
+        raise SystemExit(f"{args.dataset}: probes need more than {TRAIN_EPISODES} episodes (it has {n})")
+    tr, _, _ = resting_steps(store, range(TRAIN_EPISODES))
+    te, _, te_t = resting_steps(store, range(TRAIN_EPISODES, n))
+    pose = cube_pose(np.asarray(store.read("obs/env_state")))
+    ytr, yte = pose[tr], pose[te]
+    start = te_t < 10  # the first 10 steps: the arms still at home, what the first chunk is chosen from
+    guess = np.broadcast_to(ytr.mean(0), yte.shape)
+    rows = [("(reference) the training mean", "-", *fmt(probe_errors(guess, yte)), *fmt(probe_errors(guess[start], yte[start])), "-")]
+    policy = None
+    if args.checkpoint:
+        from robo_rl.policies import load_policy
+
+        policy = load_policy(args.checkpoint)
+    torch.set_num_threads(args.threads)
+    feats_tr, feats_te = [], []
+    for key in cams:
+        frames = np.asarray(store.read(key))
+        t0 = time.perf_counter()
+        if args.steps <= 0:  # --steps 0: only the trained policy's features
+            pred = None
+        else:
+            pred = train_probe(frames[tr], ytr, frames[te], args.steps, args.batch, args.crop_ratio, args.bf16, args.seed)
+        if pred is not None:
+            rows.append((f"{key} {frames.shape[1]}x{frames.shape[2]}", "fresh conv encoder", *fmt(probe_errors(pred, yte)),
+                         *fmt(probe_errors(pred[start], yte[start])), f"{time.perf_counter() - t0:.0f}"))
+        if policy is not None and key in policy.shapes.images:
+            f_tr, f_te = policy_features(policy, key, frames[tr]), policy_features(policy, key, frames[te])
+            feats_tr.append(f_tr), feats_te.append(f_te)
+            pred = ridge(f_tr, ytr, f_te)
+            rows.append((f"{key}", "trained policy's features (ridge)", *fmt(probe_errors(pred, yte)),
+                         *fmt(probe_errors(pred[start], yte[start])), "-"))
+    if len(feats_tr) > 1:
+        pred = ridge(np.concatenate(feats_tr, 1), ytr, np.concatenate(feats_te, 1))
+        rows.append(("all its cameras", "trained policy's features (ridge)", *fmt(probe_errors(pred, yte)),
+                     *fmt(probe_errors(pred[start], yte[start])), "-"))
+    show(f"cube pose probes, {args.dataset} (train episodes 0-{TRAIN_EPISODES - 1}, held out {TRAIN_EPISODES}-{n - 1}; "
+          f"{args.steps} steps at batch {args.batch}; {cpu_kind()})",
+          ["camera", "probe", "xy cm (median)", "yaw deg", "xy cm, first 10 steps", "yaw deg, first 10 steps", "s"], rows)
+
+
+def run_openloop(args) -> None:
+    from robo_rl.data.sampler import WindowSampler
+    from robo_rl.policies import load_policy
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    policy = load_policy(args.checkpoint)
+    keys = [*policy.shapes.lowdim, *policy.shapes.images]
+    store = EpisodeStore.open(args.dataset, mode="r")
+    cfg = policy.config
+    sampler = WindowSampler(store, keys, n_obs=cfg.n_obs, horizon=cfg.horizon, episodes=range(min(TRAIN_EPISODES, store.n_episodes)))
+    bins = [(0, 1), (1, 25), (25, 50), (50, 100), (100, 150), (150, 400)]
+    ta = cfg.n_action_steps
+    rng = np.random.default_rng(args.seed)
+    rows = []
+    lengths = {e: store.episode_range(e)[1] - store.episode_range(e)[0] for e in sampler.episodes}
+    eps = list(sampler.episodes)
+    offset = dict(zip(eps, np.cumsum([0] + [lengths[e] for e in eps[:-1]])))  # each episode's first window
+    for lo, hi in bins:
+        fit, by_frames, by_joints, demo_diff, n = [], [], [], [], 0
+        for e in eps:
+            other = eps[(eps.index(e) + 1 + rng.integers(len(eps) - 1)) % len(eps)]
+            ts = [t for t in range(lo, hi, 8) if t < lengths[e] and t < lengths[other]]
+            if not ts:
+                continue
+            mine = sampler.get(np.array([offset[e] + t for t in ts]))
+            theirs = sampler.get(np.array([offset[other] + t for t in ts]))
+            noise = torch.randn(len(ts), cfg.horizon, policy.shapes.action_dim)
+            chunk = _predict(policy, {k: mine[k] for k in keys}, noise)
+            frames_swapped = _predict(policy, {k: (theirs[k] if k in policy.shapes.images else mine[k]) for k in keys}, noise)
+            joints_swapped = _predict(policy, {k: (mine[k] if k in policy.shapes.images else theirs[k]) for k in keys}, noise)
+            fit.append(np.abs(chunk[:, :ta] - mine["action"][:, :ta]).mean(axis=(1, 2)))
+            by_frames.append(np.abs(frames_swapped - chunk).mean(axis=(1, 2)))
+            by_joints.append(np.abs(joints_swapped - chunk).mean(axis=(1, 2)))
+            demo_diff.append(np.abs(theirs["action"] - mine["action"]).mean(axis=(1, 2)))
+            n += len(ts)
+        if n:
+            f, fr, jo, d = (float(np.mean(np.concatenate(v))) for v in (fit, by_frames, by_joints, demo_diff))
+            rows.append((f"{lo}-{hi - 1}" if hi - lo > 1 else str(lo), n, f"{f:.4f}", f"{d:.4f}", f"{fr:.4f}", f"{jo:.4f}"))
+    show(f"open-loop chunks on training windows by start step ({args.checkpoint}; mean |action difference| in rad; {cpu_kind()})",
+         ["window start (step)", "windows", f"first {ta} actions vs demo", f"whole chunk ({cfg.horizon}): two demos differ",
+          "chunk moved by the other demo's frames", "chunk moved by the other demo's joints"], rows)
+
+
+def _predict(policy, window, noise) -> np.ndarray:
+    body = policy.body
+    with torch.no_grad():
+        obs = body.obs_from_window({k: np.asarray(v) for k, v in window.items()})
+        cond = body.encode(obs)
+        return body.action_norm.unnormalize(policy.sample(cond, None, noise)).float().numpy()
+
+
+def grasp_aims(store: EpisodeStore) -> dict[int, tuple[float, float, float, int]]:
+    """Per episode (by seed): where the right gripper was, relative to the cube, at the first step
+    its command closes (< 0.5): (dx cm, dy cm, yaw error deg, step), from joint positions by
+    forward kinematics. Episodes whose gripper never closed are left out."""
+    from robo_rl.sim.robot import SimRobot
+
+    robot = SimRobot("transfer_cube.xml", cameras=[])
+    spec = robot.spec
+    grip = next(i for i in sorted(spec.grippers) if spec.joint_names[i].startswith("right_"))
+    site = robot.model.site("right_ee").id
+    qpos, act, state = (np.asarray(store.read(k)) for k in ("obs/qpos", "action", "obs/env_state"))
+    out = {}
+    for e in range(store.n_episodes):
+        s, end = store.episode_range(e)
+        closing = np.flatnonzero(act[s:end, grip] < 0.5)
+        if not len(closing):
+            continue
+        t = s + int(closing[0])
+        robot.set_joint_positions(qpos[t])
+        ee, rot = robot.data.site_xpos[site], robot.data.site_xmat[site].reshape(3, 3)
+        cube = cube_pose(state[s])  # where it was: what the grasp had to aim at (a push moves it)
+        # the jaw axis is the site's y axis; the cube's faces repeat every 90 degrees
+        jaw = math.atan2(rot[1, 1], rot[0, 1])
+        yaw_err = (jaw - cube[2] + math.pi / 4) % (math.pi / 2) - math.pi / 4
+        out[int(store.meta(e).extra.get("seed", e))] = ((ee[0] - cube[0]) * 100, (ee[1] - cube[1]) * 100,
+                                                        math.degrees(yaw_err), int(closing[0]))
+    return out
+
+
+def run_grasp(args) -> None:
+    demos, rollouts = EpisodeStore.open(args.dataset, mode="r"), EpisodeStore.open(args.rollouts, mode="r")
+    d, r = grasp_aims(demos), grasp_aims(rollouts)
+    ok = {int(rollouts.meta(e).extra["seed"]): bool(rollouts.meta(e).success) for e in range(rollouts.n_episodes)}
+    rows = []
+    for name, aims, seeds in [("demos (the expert)", d, sorted(set(d) & set(ok))),
+                              ("policy, succeeded", r, [k for k in sorted(r) if ok[k]]),
+                              ("policy, failed", r, [k for k in sorted(r) if not ok[k]])]:
+        if not seeds:
+            continue
+        a = np.array([aims[k] for k in seeds if k in aims])
+        xy = np.hypot(a[:, 0], a[:, 1])
+        rows.append((name, len(a), f"{np.median(xy):.2f}", f"{np.percentile(xy, 90):.2f}", f"{np.median(np.abs(a[:, 2])):.1f}",
+                     f"{np.percentile(np.abs(a[:, 2]), 90):.1f}", f"{np.median(a[:, 3]):.0f}"))
+    never = sum(1 for k in ok if k not in r)
+    show(f"where the right gripper closes, relative to the cube ({args.rollouts}: {len(ok)} rollouts, {never} never closed; "
+         f"demos {args.dataset})",
+         ["episodes", "n", "xy off cm (median)", "xy off cm (90%)", "|yaw off| deg (median)", "|yaw off| deg (90%)", "step"], rows)
+
+
+def run_position(args) -> None:
+    from robo_rl.sim.envs import BimanualEnv
+
+    result = json.loads(Path(args.eval).read_text())
+    env = BimanualEnv(result["task"], obs_mode="state")
+    poses = []
+    for ep in result["per_episode"]:
+        obs, _ = env.reset(seed=int(ep["seed"]))
+        poses.append(cube_pose(obs["env_state"]))
+    poses = np.array(poses)
+    dist = np.linalg.norm(poses[:, :2] - poses[:, :2].mean(0), axis=1) * 100
+    ok = np.array([e["success"] for e in result["per_episode"]])
+    stage = np.array([e["max_stage"] for e in result["per_episode"]])
+    edges = [0, 3, 6, 9, 100]
+    rows = []
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        m = (dist >= lo) & (dist < hi)
+        if m.any():
+            rows.append((f"{lo}-{hi} cm" if hi < 100 else f">= {lo} cm", int(m.sum()), f"{ok[m].mean():.0%}", f"{(stage[m] >= 1).mean():.0%}"))
+    yaw = np.abs(poses[:, 2])
+    for lo, hi in [(0, 0.25), (0.25, 0.5)]:
+        m = (yaw >= lo) & (yaw < hi)
+        rows.append((f"|yaw| {lo}-{hi} rad", int(m.sum()), f"{ok[m].mean():.0%}", f"{(stage[m] >= 1).mean():.0%}"))
+    show(f"success by the cube's start pose ({args.eval}, {len(ok)} episodes, seeds from {result['per_episode'][0]['seed']})",
+          ["cube start (distance from the mean)", "episodes", "success", "lifted"], rows)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("part", choices=["probe", "openloop", "position", "grasp"])
+    ap.add_argument("--rollouts")
+    ap.add_argument("--dataset")
+    ap.add_argument("--checkpoint")
+    ap.add_argument("--eval")
+    ap.add_argument("--cameras", nargs="*")
+    ap.add_argument("--steps", type=int, default=1500)
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--crop-ratio", type=float, default=0.9)
+    ap.add_argument("--bf16", action="store_true")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    {"probe": run_probe, "openloop": run_openloop, "position": run_position, "grasp": run_grasp}[args.part](args)
+
+
+if __name__ == "__main__":
+    main()
