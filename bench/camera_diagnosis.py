@@ -246,8 +246,34 @@ def grasp_aims(store: EpisodeStore) -> dict[int, tuple[float, float, float, int]
     return out
 
 
+def gripper_distances(store: EpisodeStore, steps: list[int]) -> dict[int, list[float]]:
+    """Per episode (by seed): the right gripper's xy distance (cm) from the cube's start position
+    at each of `steps` (the last step where an episode is shorter)."""
+    from robo_rl.sim.robot import SimRobot
+
+    robot = SimRobot("transfer_cube.xml", cameras=[])
+    site = robot.model.site("right_ee").id
+    qpos, state = np.asarray(store.read("obs/qpos")), np.asarray(store.read("obs/env_state"))
+    out = {}
+    for e in range(store.n_episodes):
+        s, end = store.episode_range(e)
+        row = []
+        for t in steps:
+            robot.set_joint_positions(qpos[min(s + t, end - 1)])
+            row.append(float(np.linalg.norm(robot.data.site_xpos[site][:2] - state[s, :2]) * 100))
+        out[int(store.meta(e).extra.get("seed", e))] = row
+    return out
+
+
 def run_grasp(args) -> None:
     demos, rollouts = EpisodeStore.open(args.dataset, mode="r"), EpisodeStore.open(args.rollouts, mode="r")
+    steps = [0, 20, 40, 60, 80, 100, 120]
+    dd, rd = gripper_distances(demos, steps), gripper_distances(rollouts, steps)
+    seeds = sorted(set(dd) & set(rd))
+    show(f"the right gripper's xy distance from the cube's start position (cm, median over {len(seeds)} seeds)",
+         ["episodes", *[f"step {t}" for t in steps]],
+         [("demos (the expert)", *(f"{v:.1f}" for v in np.median([dd[k] for k in seeds], 0))),
+          ("policy", *(f"{v:.1f}" for v in np.median([rd[k] for k in seeds], 0)))])
     d, r = grasp_aims(demos), grasp_aims(rollouts)
     ok = {int(rollouts.meta(e).extra["seed"]): bool(rollouts.meta(e).success) for e in range(rollouts.n_episodes)}
     rows = []
