@@ -16,9 +16,11 @@ from robo_rl.errors import INSTALL_GL, ConfigError, RoboRLError
 from robo_rl.hardware.robot import Observation, RobotSpec
 
 SIM_DIR = Path(__file__).resolve().parents[2] / "sim"
-# Camera frames are rendered at this many times their size and area-averaged down, as a real
-# sensor integrates light over each pixel: a point-sampled 96x96 frame moves a small object in
-# whole-pixel jumps (about 1 cm of table per pixel on the top camera).
+# The twin's camera frames are rendered at this many times their size and area-averaged down, as
+# a real sensor integrates light over each pixel (1: point samples, where a small object moves in
+# whole-pixel jumps, about 1 cm of table per pixel on the top camera at 96x96). 1 stays the
+# default: 4x sharpened a probe's reading of the cube's yaw but not a camera policy's success, and
+# renders 4x slower (docs/results.md, the camera diagnosis).
 RENDER_SCALE = 1
 
 
