@@ -54,17 +54,16 @@ def cube_pose(env_state: np.ndarray) -> np.ndarray:
     return np.stack([env_state[..., 0], env_state[..., 1], yaw], -1).astype(np.float32)
 
 
-def resting_steps(store: EpisodeStore, episodes: range) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Global step indices (and their episode and step-in-episode) where the cube still rests at
-    its start pose (moved < 2 mm): its pose is what the grasp must be aimed at."""
-    state = np.asarray(store.read("obs/env_state"))
-    idx, ep, t = [], [], []
+def resting_steps(store: EpisodeStore, state: np.ndarray, episodes: range) -> tuple[np.ndarray, np.ndarray]:
+    """Global step indices (and their step in the episode) where the cube still rests at its start
+    pose (moved < 2 mm): its pose is what the grasp must be aimed at. `state`: the store's env_state."""
+    idx, t = [], []
     for e in episodes:
         s, end = store.episode_range(e)
         moved = np.linalg.norm(state[s:end, :3] - state[s, :3], axis=1)
         still = np.flatnonzero(np.cumsum(moved > 0.002) == 0)
-        idx.append(s + still), ep.append(np.full(len(still), e)), t.append(still)
-    return np.concatenate(idx), np.concatenate(ep), np.concatenate(t)
+        idx.append(s + still), t.append(still)
+    return np.concatenate(idx), np.concatenate(t)
 
 
 def probe_errors(pred: np.ndarray, target: np.ndarray) -> tuple[float, float]:
@@ -126,9 +125,10 @@ def run_probe(args) -> None:
     n = store.n_episodes
     if n <= TRAIN_EPISODES:
         raise SystemExit(f"{args.dataset}: probes need more than {TRAIN_EPISODES} episodes (it has {n})")
-    tr, _, _ = resting_steps(store, range(TRAIN_EPISODES))
-    te, _, te_t = resting_steps(store, range(TRAIN_EPISODES, n))
-    pose = cube_pose(np.asarray(store.read("obs/env_state")))
+    state = np.asarray(store.read("obs/env_state"))
+    tr, _ = resting_steps(store, state, range(TRAIN_EPISODES))
+    te, te_t = resting_steps(store, state, range(TRAIN_EPISODES, n))
+    pose = cube_pose(state)
     ytr, yte = pose[tr], pose[te]
     start = te_t < 10  # the first 10 steps: the arms still at home, what the first chunk is chosen from
     guess = np.broadcast_to(ytr.mean(0), yte.shape)
@@ -210,71 +210,57 @@ def run_openloop(args) -> None:
 
 
 def _predict(policy, window, noise) -> np.ndarray:
-    body = policy.body
+    """The policy's chunks for raw windows, from the given noise (so two windows compare alike)."""
     with torch.no_grad():
-        obs = body.obs_from_window({k: np.asarray(v) for k, v in window.items()})
-        cond = body.encode(obs)
-        return body.action_norm.unnormalize(policy.sample(cond, None, noise)).float().numpy()
+        return policy.body.predict(lambda cond, steps: policy.sample(cond, steps, noise),
+                                   {k: np.asarray(v) for k, v in window.items()}, None)
 
 
-def grasp_aims(store: EpisodeStore) -> dict[int, tuple[float, float, float, int]]:
-    """Per episode (by seed): where the right gripper was, relative to the cube, at the first step
-    its command closes (< 0.5): (dx cm, dy cm, yaw error deg, step), from joint positions by
-    forward kinematics. Episodes whose gripper never closed are left out."""
+def gripper_facts(store: EpisodeStore, steps: list[int]) -> dict[int, tuple[tuple | None, list[float]]]:
+    """Per episode (by seed), from joint positions by forward kinematics, relative to the cube's
+    start pose (what the grasp had to aim at; a push moves the cube):
+    - where the right gripper was at the first step its command closes (< 0.5): (dx cm, dy cm,
+      yaw error deg, step), or None if it never closed;
+    - its xy distance (cm) from the cube at each of `steps` (the last step if shorter)."""
+    from robo_rl.sim.expert import grip_index
     from robo_rl.sim.robot import SimRobot
+    from robo_rl.sim.tasks.pack_cube import _square_yaw_error  # a cube's faces repeat every 90 degrees
 
     robot = SimRobot("transfer_cube.xml", cameras=[])
-    spec = robot.spec
-    grip = next(i for i in sorted(spec.grippers) if spec.joint_names[i].startswith("right_"))
-    site = robot.model.site("right_ee").id
+    grip, site = grip_index(robot.spec, "right"), robot.model.site("right_ee").id
     qpos, act, state = (np.asarray(store.read(k)) for k in ("obs/qpos", "action", "obs/env_state"))
-    out = {}
-    for e in range(store.n_episodes):
-        s, end = store.episode_range(e)
-        closing = np.flatnonzero(act[s:end, grip] < 0.5)
-        if not len(closing):
-            continue
-        t = s + int(closing[0])
+
+    def ee_at(t: int) -> tuple[np.ndarray, np.ndarray]:
         robot.set_joint_positions(qpos[t])
-        ee, rot = robot.data.site_xpos[site], robot.data.site_xmat[site].reshape(3, 3)
-        cube = cube_pose(state[s])  # where it was: what the grasp had to aim at (a push moves it)
-        # the jaw axis is the site's y axis; the cube's faces repeat every 90 degrees
-        jaw = math.atan2(rot[1, 1], rot[0, 1])
-        yaw_err = (jaw - cube[2] + math.pi / 4) % (math.pi / 2) - math.pi / 4
-        out[int(store.meta(e).extra.get("seed", e))] = ((ee[0] - cube[0]) * 100, (ee[1] - cube[1]) * 100,
-                                                        math.degrees(yaw_err), int(closing[0]))
-    return out
+        return robot.data.site_xpos[site].copy(), robot.data.site_xmat[site].reshape(3, 3)
 
-
-def gripper_distances(store: EpisodeStore, steps: list[int]) -> dict[int, list[float]]:
-    """Per episode (by seed): the right gripper's xy distance (cm) from the cube's start position
-    at each of `steps` (the last step where an episode is shorter)."""
-    from robo_rl.sim.robot import SimRobot
-
-    robot = SimRobot("transfer_cube.xml", cameras=[])
-    site = robot.model.site("right_ee").id
-    qpos, state = np.asarray(store.read("obs/qpos")), np.asarray(store.read("obs/env_state"))
     out = {}
     for e in range(store.n_episodes):
         s, end = store.episode_range(e)
-        row = []
-        for t in steps:
-            robot.set_joint_positions(qpos[min(s + t, end - 1)])
-            row.append(float(np.linalg.norm(robot.data.site_xpos[site][:2] - state[s, :2]) * 100))
-        out[int(store.meta(e).extra.get("seed", e))] = row
+        cube = cube_pose(state[s])
+        distances = [float(np.linalg.norm(ee_at(min(s + t, end - 1))[0][:2] - cube[:2]) * 100) for t in steps]
+        closing = np.flatnonzero(act[s:end, grip] < 0.5)
+        aim = None
+        if len(closing):
+            ee, rot = ee_at(s + int(closing[0]))
+            jaw = math.atan2(rot[1, 1], rot[0, 1])  # the jaw axis is the site's y axis
+            aim = ((ee[0] - cube[0]) * 100, (ee[1] - cube[1]) * 100, math.degrees(_square_yaw_error(cube[2], jaw)),
+                   int(closing[0]))
+        out[int(store.meta(e).extra.get("seed", e))] = (aim, distances)
     return out
 
 
 def run_grasp(args) -> None:
     demos, rollouts = EpisodeStore.open(args.dataset, mode="r"), EpisodeStore.open(args.rollouts, mode="r")
     steps = [0, 20, 40, 60, 80, 100, 120]
-    dd, rd = gripper_distances(demos, steps), gripper_distances(rollouts, steps)
-    seeds = sorted(set(dd) & set(rd))
+    demo_facts, roll_facts = gripper_facts(demos, steps), gripper_facts(rollouts, steps)
+    seeds = sorted(set(demo_facts) & set(roll_facts))
     show(f"the right gripper's xy distance from the cube's start position (cm, median over {len(seeds)} seeds)",
          ["episodes", *[f"step {t}" for t in steps]],
-         [("demos (the expert)", *(f"{v:.1f}" for v in np.median([dd[k] for k in seeds], 0))),
-          ("policy", *(f"{v:.1f}" for v in np.median([rd[k] for k in seeds], 0)))])
-    d, r = grasp_aims(demos), grasp_aims(rollouts)
+         [(name, *(f"{v:.1f}" for v in np.median([facts[k][1] for k in seeds], 0)))
+          for name, facts in (("demos (the expert)", demo_facts), ("policy", roll_facts))])
+    d = {k: aim for k, (aim, _) in demo_facts.items() if aim is not None}
+    r = {k: aim for k, (aim, _) in roll_facts.items() if aim is not None}
     ok = {int(rollouts.meta(e).extra["seed"]): bool(rollouts.meta(e).success) for e in range(rollouts.n_episodes)}
     rows = []
     for name, aims, seeds in [("demos (the expert)", d, sorted(set(d) & set(ok))),
