@@ -98,7 +98,7 @@ def checkpoints(tmp_path_factory):
     assert r.returncode == 0, r.stderr
     r = robo_rl_cli("train", "policy=flow", "task=transfer_cube", f"dataset={cam_demos}", f"run_dir={tmp / 'camera'}",
                     "learner.steps=5", "learner.batch_size=8", "eval.episodes=0", "policy.dit_dim=32", "policy.dit_depth=2",
-                    "policy.image_encoder=conv", "policy.n_obs=1", "obs_keys=[obs/qpos,obs/images/top]")
+                    "policy.image_encoder=conv", "policy.n_obs=1", "obs_keys=[obs/qpos,obs/images/top]", "recipe=none")
     assert r.returncode == 0, r.stderr
     out["camera"] = tmp / "camera" / "checkpoints" / "last.pt"
     return out

@@ -93,6 +93,56 @@ def test_chunk_hand_over_is_blended_and_safety_clamps_what_is_sent(robot):
     assert rep.safety["commands"] == rep.ticks and rep.safety["step_limit"] + rep.safety["velocity_limit"] > 0
 
 
+def test_temporal_ensembling_averages_every_chunk_due_on_absolute_time(robot):
+    """ensemble=True (the camera recipe's execution): a chunk whenever the worker is free, at
+    most every query_every ticks, and each command the weighted mean of the actions due now in
+    every chunk covering it. Chunk k asks for the waist at home + 0.01 k throughout, so a command
+    shows how many chunks, and which, went into it."""
+    from robo_rl.cli.session import controller_config
+
+    home = robot.spec.home.copy()
+    sent, calls = [], []
+
+    def predict(window):
+        calls.append(len(calls))
+        time.sleep(0.002)
+        chunk = np.repeat(home[None], 16, 0)
+        chunk[:, 0] += 0.01 * len(calls)
+        return chunk
+
+    class Recording:
+        spec = robot.spec
+
+        def observe(self):
+            return robot.observe()
+
+        def act(self, a):
+            sent.append(np.array(a))
+            return robot.act(a)
+
+    for query_every in (1, 4):
+        sent.clear(), calls.clear()
+        robot.reset()
+        cfg = ControllerConfig(hz=50, n_obs=1, ensemble=True, query_every=query_every)
+        rep = Controller(Recording(), predict, cfg).run(1.0)
+        # a chunk about every query_every ticks (receding would ask every 8), none dropped for lack of one
+        assert rep.ticks / query_every * 0.6 <= rep.chunks <= rep.ticks / query_every + 1, (query_every, rep.chunks)
+        offsets = (np.array(sent)[:, 0] - home[0]) / 0.01
+        # each command is a mean over the chunks that cover it: never ahead of the newest, and with
+        # 16 / query_every chunks live it trails the newest by about half of them
+        assert np.all(np.diff(offsets) >= -1e-6) and offsets[-1] < len(calls)
+        live = 16 / query_every
+        assert len(calls) - offsets[-1] > 0.25 * live, (query_every, len(calls), offsets[-1])
+    # a checkpoint that ensembles runs so on the Controller; rtc and ensembling do not combine
+    class Policy:
+        config = type("C", (), {"n_obs": 1, "n_action_steps": 8})
+
+    assert controller_config(Policy, {"mode": "ensemble", "query_every": 2}, 50).ensemble
+    assert not controller_config(Policy, {"mode": "receding"}, 50).ensemble
+    with pytest.raises(ConfigError, match="does not combine with rtc"):
+        ControllerConfig(ensemble=True, rtc=True).validate()
+
+
 def test_an_estop_from_another_thread_ends_the_run(robot):
     predict, _ = slow_policy(robot.spec.home, latency_s=0.005)
     stop = EStop()

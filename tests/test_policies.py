@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 from conftest import robo_rl_in_process
 
 from robo_rl.data.sampler import WindowSampler
@@ -38,11 +39,11 @@ TINY_DIT = {"backbone": "transformer", "dit_dim": 32, "dit_depth": 2, "dit_heads
             "n_action_steps": 4}
 
 
-def smooth_store(path: Path, n_episodes: int = 4, length: int = 60, images: bool = False) -> EpisodeStore:
+def smooth_store(path: Path, n_episodes: int = 4, length: int = 60, images: bool = False, side: int = 24) -> EpisodeStore:
     """Episodes where the action is a smooth function of the observation (learnable in seconds)."""
     keys = {"obs/qpos": ((3,), "float32"), "action": ((2,), "float32")}
     if images:
-        keys["obs/images/top"] = ((24, 24, 3), "uint8")
+        keys["obs/images/top"] = ((side, side, 3), "uint8")
     store = EpisodeStore.create(path, Schema.build(keys, fps=50, robot="toy"))
     for e in range(n_episodes):
         t = np.linspace(0, 1, length, dtype=np.float32)
@@ -51,7 +52,7 @@ def smooth_store(path: Path, n_episodes: int = 4, length: int = 60, images: bool
         data = {"obs/qpos": qpos, "action": np.stack([10 + 5 * np.sin(2 * t + phase + 0.1), -3 * t], -1).astype(np.float32)}
         if images:
             data["obs/images/top"] = np.broadcast_to((qpos[:, :1, None, None] * 100 + 120).astype(np.uint8),
-                                                     (length, 24, 24, 3)).copy()
+                                                     (length, side, side, 3)).copy()
         store.add_episode(data, np.arange(length) / 50, "TELEOP", EpisodeMeta(task="toy"))
     return store
 
@@ -252,6 +253,43 @@ def test_a_camera_the_store_lacks_is_named_with_the_cameras_it_has(tmp_path):
     store = smooth_store(tmp_path / "store", images=True)
     with pytest.raises(ConfigError, match=r"'obs/images/wrist': the dataset has no such camera; its cameras are \['obs/images/top'\]"):
         ObsShapes.from_schema(store.schema, ["obs/qpos", "obs/images/wrist"])
+
+
+def test_a_camera_train_picks_the_camera_recipe_and_the_command_line_wins(tmp_path, capsys):
+    from robo_rl.learn.recipes import CAMERA_FLOW_RECIPE, CAMERA_RECIPE, cpu_computes_bf16
+    from robo_rl.policies import read_checkpoint
+
+    smooth_store(tmp_path / "cams", n_episodes=2, images=True, side=96)
+    smooth_store(tmp_path / "frames48", n_episodes=2, images=True, side=48)
+
+    def train(name: str, *args: str, dataset: str = "cams"):
+        code, err = robo_rl_in_process(capsys, "train", "policy=flow", "task=transfer_cube", f"dataset={tmp_path / dataset}",
+                                       f"run_dir={tmp_path / name}", "learner.steps=1", "learner.batch_size=4",
+                                       "eval.episodes=0", "learner.device=cpu", *args)
+        return code, err, (load_policy(read_checkpoint(tmp_path / name / "checkpoints" / "last.pt")) if code == 0 else None)
+
+    code, err, policy = train("auto", "obs_keys=[obs/qpos,obs/images/top]")
+    assert code == 0, err
+    recipe = {k.split(".", 1)[1]: v for k, v in {**CAMERA_RECIPE, **CAMERA_FLOW_RECIPE}.items() if k.startswith("policy.")}
+    assert {k: getattr(policy.config, k) for k in recipe} == recipe
+    saved = yaml.safe_load((tmp_path / "auto" / "config.yaml").read_text())
+    assert str(saved["learner"]["bf16"]).lower() == ("true" if cpu_computes_bf16() else "auto")  # bf16 where the CPU has it
+    # the chunking eval and deploy run by default travels in the checkpoint
+    assert read_checkpoint(tmp_path / "auto" / "checkpoints" / "last.pt")["chunking"]["mode"] == "ensemble"
+    # what the command line sets is kept; the rest of the recipe still fills in
+    code, err, policy = train("mine", "obs_keys=[obs/qpos,obs/images/top]", "policy.horizon=16", "+policy.noise_samples=2")
+    assert code == 0, err
+    assert (policy.config.horizon, policy.config.noise_samples, policy.config.image_encoder) == (16, 2, "conv")
+    # no camera, or recipe=none: the config as written (the state policies' defaults)
+    for name, args in (("state", ["obs_keys=[obs/qpos]"]), ("none", ["obs_keys=[obs/qpos,obs/images/top]", "recipe=none",
+                                                                      "policy.dit_dim=32", "policy.dit_depth=1"])):
+        code, err, policy = train(name, *args)
+        assert code == 0, err
+        assert (policy.config.backbone, policy.config.n_obs, policy.config.horizon) == ("transformer", 2, 16), name
+    # frames smaller than the recipe was measured at: one line, before any training
+    code, err, _ = train("small", "obs_keys=[obs/qpos,obs/images/top]", dataset="frames48")
+    assert code == 2 and "frames are 48x48, smaller than the camera recipe's 96x96" in err and "Traceback" not in err
+    assert not (tmp_path / "small").exists()
 
 
 def test_weighted_mean_and_schedule():

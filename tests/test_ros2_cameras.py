@@ -252,7 +252,7 @@ def test_record_full_frames_over_dds_then_train(tmp_path):
     train = subprocess.run([sys.executable, "-m", "robo_rl.cli.main", "train", "policy=flow", "task=transfer_cube",
                             f"dataset={store}", f"run_dir={tmp_path / 'run'}", "learner.steps=5", "learner.batch_size=8",
                             "eval.episodes=0", "policy.dit_dim=32", "policy.dit_depth=2", "policy.image_encoder=conv",
-                            "policy.n_obs=1", "obs_keys=[obs/qpos,obs/images/top]"],
+                            "policy.n_obs=1", "obs_keys=[obs/qpos,obs/images/top]", "recipe=none"],
                            capture_output=True, text=True, env=env, timeout=240)
     assert train.returncode == 0, train.stdout + train.stderr
     from robo_rl.policies import load_policy, read_checkpoint

@@ -143,6 +143,8 @@ def run(cfg: DictConfig) -> int:
     safety_cfg = SafetyConfig.from_yaml(hardware)
     ctl_cfg = controller_config(policy, ckpt.get("chunking") or {}, robot.spec.control_hz)
     ctl_cfg.rtc = bool(cfg.rtc)
+    if cfg.rtc or cfg.n_action_steps is not None:  # both are ways of running a chunk for a while: receding
+        ctl_cfg.ensemble = False
     if cfg.n_action_steps is not None:
         if not 1 <= int(cfg.n_action_steps) <= policy.config.horizon:
             raise ConfigError(f"deploy: n_action_steps={cfg.n_action_steps}; give 1..{policy.config.horizon} "
@@ -189,7 +191,7 @@ def run(cfg: DictConfig) -> int:
             ["inference p50 / p99", f"{s['inference_p50_ms']:.1f} / {s['inference_p99_ms']:.1f} ms"],
             ["chunks; actions dropped late; ticks held", f"{s['chunks']}; {s['dropped_actions']}; {s['missing_actions']}"],
             ["largest joint jump at a chunk hand-over", f"{s['handover_jump_max']:.3f} rad"
-             + (" (rtc)" if cfg.rtc else f" (blend {ctl_cfg.blend_steps})")],
+             + (" (rtc)" if cfg.rtc else " (ensemble)" if ctl_cfg.ensemble else f" (blend {ctl_cfg.blend_steps})")],
             ["watchdog holds / stops", f"{s['watchdog_holds']} / {s['watchdog_stops']}"],
             ["safety: nonfinite, position, gripper, step, velocity",
              ", ".join(str(s.get(k, 0)) for k in ("nonfinite", "position_limit", "gripper_range", "step_limit",

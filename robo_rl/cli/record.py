@@ -63,7 +63,7 @@ class Policy:
         self.predict = predictor(self.policy, cfg.inference_steps)
         shapes = self.policy.shapes
         self.cameras = [k.rsplit("/", 1)[-1] for k in shapes.images]
-        self.image_size = tuple(next(iter(shapes.images.values()), (240, 320)))
+        self.image_size = tuple(next(iter(shapes.images.values()), ()))  # empty: a policy with no camera
 
     def sources(self, operator: Any, ctl_cfg: Any, stage: Any, mode: str) -> Any:
         """The RaC protocol's source, the one the twin's intervention collection runs."""
@@ -197,7 +197,9 @@ def run(cfg: DictConfig) -> int:
                           "or pass auto_start=true to start episodes one after another")
     policy = Policy(cfg) if cfg.checkpoint else None
     cameras = list(cfg.cameras) if cfg.cameras is not None else (policy.cameras if policy else [])
-    image_size = tuple(int(x) for x in (cfg.image_size or (policy.image_size if policy else (240, 320))))
+    from robo_rl.learn.recipes import CAMERA_MIN_FRAME  # the size the camera recipe trains on
+
+    image_size = tuple(int(x) for x in (cfg.image_size or ((policy and policy.image_size) or CAMERA_MIN_FRAME)))
     if policy is not None:
         if cfg.task and policy.task and cfg.task != policy.task and cfg.robot == "sim":
             raise ConfigError(f"record: task={cfg.task} but the policy was trained on {policy.task}; drop task= to use "

@@ -305,12 +305,15 @@ def value_guided(predict: Any, path: str | Path, samples: int, policy: Any, task
 
 
 def controller_config(policy: Any, chunking: dict, hz: float) -> Any:
-    """The Controller's settings for a checkpoint's policy: its window and its chunk schedule."""
+    """The Controller's settings for a checkpoint's policy: its window and its chunk schedule
+    (receding with a blend, or temporal ensembling as the checkpoint's `chunking.mode` says)."""
     from robo_rl.runtime.controller import ControllerConfig
 
     return ControllerConfig(hz=hz, n_obs=policy.config.n_obs,
                             n_action_steps=int(chunking.get("n_action_steps", policy.config.n_action_steps)),
-                            blend_steps=int(chunking.get("blend_steps", 4)))
+                            blend_steps=int(chunking.get("blend_steps", 4)),
+                            ensemble=chunking.get("mode") == "ensemble", query_every=int(chunking.get("query_every", 1)),
+                            ensemble_decay=float(chunking.get("ensemble_decay", 0.01)))
 
 
 def policy_inputs_on_robot(verb: str, robot: str, shapes: Any) -> tuple[Any, dict[str, tuple[int, int]]]:

@@ -22,6 +22,24 @@ def default_run_dir(cfg: DictConfig) -> Path:
     return Path("data/runs") / f"{cfg.task}-{cfg.policy.name}-{stamp or time.strftime('%Y%m%d-%H%M%S')}"
 
 
+def camera_recipe_for(cfg: DictConfig, obs_keys: list[str], device: str) -> dict:
+    """Fill `cfg` with the camera recipe (robo_rl/learn/recipes.py) where obs_keys names a camera
+    of the store and the command line left the key alone; returns what was filled in."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from robo_rl.data.store import EpisodeStore
+    from robo_rl.learn.recipes import overridden_keys, pick_recipe
+
+    store = EpisodeStore.open(cfg.dataset, mode="r")
+    cameras = [k for k in obs_keys if k in store.schema.image_keys]
+    sizes = {k: tuple(store.train_image_size or store.schema.keys[k].shape[:2]) for k in cameras}
+    user = overridden_keys(HydraConfig.get().overrides.task) if HydraConfig.initialized() else set()
+    recipe = pick_recipe(str(cfg.get("recipe", "auto")), str(cfg.policy.name), cameras, sizes, device, user)
+    for key, value in recipe.items():
+        OmegaConf.update(cfg, key, value, force_add=True)
+    return recipe
+
+
 def run(cfg: DictConfig) -> int:
     import torch
 
@@ -44,12 +62,13 @@ def run(cfg: DictConfig) -> int:
         raise ConfigError(f"train: resume=true but {last} does not exist; pass run_dir= of the run to continue")
     if not cfg.resume and last.is_file():
         raise ConfigError(f"train: {run_dir} already holds a run; pass resume=true to continue it or another run_dir=")
-    learner_cfg = LearnerConfig.from_dict(OmegaConf.to_container(cfg.learner, resolve=True))
     obs_keys = list(cfg.obs_keys)
+    device = resolve_device(str(cfg.learner.device), int(os.environ.get("LOCAL_RANK", "0")))
+    recipe = camera_recipe_for(cfg, obs_keys, device)
+    learner_cfg = LearnerConfig.from_dict(OmegaConf.to_container(cfg.learner, resolve=True))
     policy_options = {k: v for k, v in OmegaConf.to_container(cfg.policy, resolve=True).items() if k != "name"}
     policy, sampler, n = policy_for_store(
-        cfg.dataset, obs_keys, cfg.policy.name, policy_options, cfg.n_episodes,
-        resolve_device(learner_cfg.device, int(os.environ.get("LOCAL_RANK", "0"))),
+        cfg.dataset, obs_keys, cfg.policy.name, policy_options, cfg.n_episodes, device,
         OmegaConf.to_container(cfg.segment_weights) if cfg.segment_weights else None)
     chunking = OmegaConf.to_container(cfg.eval.chunking, resolve=True)
     extra = checkpoint_info(policy, cfg.task, cfg.dataset, n, obs_keys, chunking, config=OmegaConf.to_container(cfg, resolve=True))
@@ -72,6 +91,8 @@ def run(cfg: DictConfig) -> int:
         learner.load(last)
         print(f"resumed {run_dir} at step {learner.step}")
     n_params = sum(p.numel() for p in policy.parameters())
+    if learner.dist.main and recipe:
+        print(f"camera recipe (any of these can be overridden): {' '.join(f'{k}={v}' for k, v in recipe.items())}")
     if learner.dist.main:
         print(f"train {cfg.policy.name} ({policy.config.backbone}, {n_params / 1e6:.2f}M params) on {n} episodes "
               f"({len(sampler)} windows) of {cfg.dataset} -> {run_dir}  [device {learner.device}, world {learner.dist.world}]")

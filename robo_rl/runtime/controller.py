@@ -18,6 +18,11 @@ was thinking are dropped (and counted), and execution starts at the one due now.
 `blend_steps` commands after a hand-over move linearly from the old chunk's continuation to the
 new chunk, so the commanded joints do not jump.
 
+Temporal ensembling (`ensemble=True`, ACT's; the camera recipe's default): the worker predicts
+again as soon as it is idle (at most every `query_every` ticks), and each tick's command is the
+weighted mean of the actions due now in every chunk that still covers it, each on its own
+absolute time; there is no hand-over to blend.
+
 Real-time chunking (`rtc=True`, robo_rl/policies/rtc.py): each request also hands the predictor
 the current chunk's actions from the request's tick on and the delay d in ticks, estimated from
 the slowest recent inference; the new chunk then agrees with the old one where they overlap (its
@@ -50,6 +55,12 @@ class ControllerConfig:
     blend_steps: int = 4             # hand-over ramp (ticks); unused with rtc
     rtc: bool = False                # real-time chunking: the predictor takes (window, previous, delay)
     rtc_latency_window: int = 5      # rtc: the delay is the slowest of the last this many inferences
+    # ACT's temporal ensembling: a chunk as often as inference allows (at most every query_every
+    # ticks), each tick's command the mean of every chunk covering it, the i-th oldest weighted
+    # exp(-ensemble_decay * i); n_action_steps and blend_steps are then unused
+    ensemble: bool = False
+    query_every: int = 1
+    ensemble_decay: float = 0.01
     spin_s: float = 0.002            # busy-wait this long before each deadline (sleep is coarse)
 
     def validate(self) -> None:
@@ -57,6 +68,9 @@ class ControllerConfig:
             raise ConfigError(f"controller: hz={self.hz}, record_hz={self.record_hz}; need hz > 0 and 0 < record_hz <= hz")
         if self.n_obs < 1 or self.n_action_steps < 1 or self.blend_steps < 0:
             raise ConfigError("controller: n_obs and n_action_steps must be >= 1, blend_steps >= 0")
+        if self.ensemble and (self.rtc or self.query_every < 1):
+            raise ConfigError("controller: temporal ensembling needs query_every >= 1 and does not combine with rtc "
+                              "(rtc makes each chunk agree with the one running instead of averaging them)")
 
 
 @dataclass
@@ -246,14 +260,19 @@ class PolicyChunks:
         self._blend_left = 0
         self._last_action: np.ndarray | None = None
         self._handover = False
+        self.live: list[TimedChunk] = []      # ensemble: the chunks still covering a tick, oldest first
+        self._last_request: float | None = None
 
     def begin(self) -> None:
         """A new episode: no chunk, no blend, and nothing the worker computed before counts."""
         self.worker.discard()
         self.current, self._blend_from, self._blend_left = None, None, 0
         self._last_action, self._handover = None, False
+        self.live, self._last_request = [], None
 
     def action(self, deadline: float, history: list[Any], report: ControllerReport) -> np.ndarray | None:
+        if self.config.ensemble:
+            return self._ensembled(deadline, history, report)
         cfg, period = self.config, self.period
         # a new chunk: drop what is already past, blend from the old one's continuation
         chunk = self.worker.take()
@@ -285,6 +304,35 @@ class PolicyChunks:
             self._blend_left -= 1
         if self._handover and self._last_action is not None:  # the first tick on a new chunk
             report.handover_jumps.append(float(np.abs(np.asarray(action) - self._last_action).max()))
+        self._handover, self._last_action = False, np.asarray(action, np.float64)
+        return action
+
+    def _ensembled(self, deadline: float, history: list[Any], report: ControllerReport) -> np.ndarray | None:
+        """Temporal ensembling on absolute time: every chunk that has an action due at `deadline`
+        takes part, so a slow inference only means fewer chunks in the mean, never a held tick."""
+        cfg, period = self.config, self.period
+        chunk = self.worker.take()
+        if chunk is not None:
+            report.chunks += 1
+            passed = int(np.floor((deadline - chunk.start) / period + 1e-6))
+            report.dropped_actions += max(0, min(passed, len(chunk.actions)))
+            self._handover = bool(self.live)
+            self.live.append(chunk)
+        due = [(c, int(round((deadline - c.start) / period))) for c in self.live]
+        due = [(c, i) for c, i in due if i < len(c.actions)]
+        self.live = [c for c, _ in due]
+        wait = cfg.query_every * period - 1e-6
+        if (len(history) == cfg.n_obs and self.worker.idle
+                and (self._last_request is None or deadline - self._last_request >= wait)):
+            self.worker.request(deadline, self.make_window(history))
+            self._last_request = deadline
+        actions = [c.actions[i] for c, i in due if i >= 0]
+        if not actions:
+            return None
+        w = np.exp(-cfg.ensemble_decay * np.arange(len(actions)))  # i = 0 is the oldest (ACT)
+        action = (w[:, None] * np.stack(actions)).sum(0) / w.sum()
+        if self._handover and self._last_action is not None:  # the first tick a new chunk joins the mean
+            report.handover_jumps.append(float(np.abs(action - self._last_action).max()))
         self._handover, self._last_action = False, np.asarray(action, np.float64)
         return action
 
