@@ -23,6 +23,20 @@ def robot():
     return r
 
 
+class Recording:
+    """The robot as the loop sees it, keeping every command it was sent in `sent`."""
+
+    def __init__(self, robot, sent: list):
+        self.robot, self.sent, self.spec = robot, sent, robot.spec
+
+    def observe(self):
+        return self.robot.observe()
+
+    def act(self, a):
+        self.sent.append(np.array(a))
+        return self.robot.act(a)
+
+
 def slow_policy(home: np.ndarray, latency_s: float, horizon: int = 16):
     """A policy that takes `latency_s` per chunk and asks for a slow waist sweep."""
     calls = []
@@ -75,18 +89,7 @@ def test_chunk_hand_over_is_blended_and_safety_clamps_what_is_sent(robot):
 
     sent = []
     safety = SafetyFilter(robot.spec, SafetyConfig(max_step=0.05, max_velocity=2.0))
-
-    class Recording:  # the robot as the loop sees it, keeping every command it was sent
-        spec = robot.spec
-
-        def observe(self):
-            return robot.observe()
-
-        def act(self, a):
-            sent.append(np.array(a))
-            return robot.act(a)
-
-    rep = Controller(Recording(), predict, ControllerConfig(hz=50, blend_steps=4), safety=safety).run(1.5)
+    rep = Controller(Recording(robot, sent), predict, ControllerConfig(hz=50, blend_steps=4), safety=safety).run(1.5)
     steps = np.abs(np.diff(np.array(sent)[:, 1]))
     assert rep.chunks >= 4
     assert steps.max() <= 0.05 + 1e-5  # never more than the safety step, however far the new chunk
@@ -110,21 +113,11 @@ def test_temporal_ensembling_averages_every_chunk_due_on_absolute_time(robot):
         chunk[:, 0] += 0.01 * len(calls)
         return chunk
 
-    class Recording:
-        spec = robot.spec
-
-        def observe(self):
-            return robot.observe()
-
-        def act(self, a):
-            sent.append(np.array(a))
-            return robot.act(a)
-
     for query_every in (1, 4):
         sent.clear(), calls.clear()
         robot.reset()
         cfg = ControllerConfig(hz=50, n_obs=1, ensemble=True, query_every=query_every)
-        rep = Controller(Recording(), predict, cfg).run(1.0)
+        rep = Controller(Recording(robot, sent), predict, cfg).run(1.0)
         # a chunk about every query_every ticks (receding would ask every 8), none dropped for lack of one
         assert rep.ticks / query_every * 0.6 <= rep.chunks <= rep.ticks / query_every + 1, (query_every, rep.chunks)
         offsets = (np.array(sent)[:, 0] - home[0]) / 0.01

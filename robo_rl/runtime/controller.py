@@ -275,11 +275,8 @@ class PolicyChunks:
             return self._ensembled(deadline, history, report)
         cfg, period = self.config, self.period
         # a new chunk: drop what is already past, blend from the old one's continuation
-        chunk = self.worker.take()
+        chunk = self._take(deadline, report)
         if chunk is not None:
-            report.chunks += 1
-            passed = int(np.floor((deadline - chunk.start) / period + 1e-6))
-            report.dropped_actions += max(0, min(passed, len(chunk.actions)))
             if self.current is not None and cfg.blend_steps > 0 and not cfg.rtc:
                 self._blend_from, self._blend_left = self.current, cfg.blend_steps
             self._handover = self.current is not None
@@ -307,15 +304,21 @@ class PolicyChunks:
         self._handover, self._last_action = False, np.asarray(action, np.float64)
         return action
 
+    def _take(self, deadline: float, report: ControllerReport) -> TimedChunk | None:
+        """The chunk the worker finished, if any, counted with the actions whose time has passed."""
+        chunk = self.worker.take()
+        if chunk is not None:
+            report.chunks += 1
+            passed = int(np.floor((deadline - chunk.start) / self.period + 1e-6))
+            report.dropped_actions += max(0, min(passed, len(chunk.actions)))
+        return chunk
+
     def _ensembled(self, deadline: float, history: list[Any], report: ControllerReport) -> np.ndarray | None:
         """Temporal ensembling on absolute time: every chunk that has an action due at `deadline`
         takes part, so a slow inference only means fewer chunks in the mean, never a held tick."""
         cfg, period = self.config, self.period
-        chunk = self.worker.take()
+        chunk = self._take(deadline, report)
         if chunk is not None:
-            report.chunks += 1
-            passed = int(np.floor((deadline - chunk.start) / period + 1e-6))
-            report.dropped_actions += max(0, min(passed, len(chunk.actions)))
             self._handover = bool(self.live)
             self.live.append(chunk)
         due = [(c, int(round((deadline - c.start) / period))) for c in self.live]
