@@ -115,7 +115,7 @@ def main() -> None:
                                      log=out / f"{task}-{minutes:g}min.log"))
             for p in procs:
                 p.wait()
-    rows = [r for r in (run_row(p) for p in sorted(out.iterdir()) if p.is_dir()) if r]
+    rows = [r for r in (run_row(p) for p in sorted(out.iterdir()) if p.is_dir()) if r and r["budget_min"] > 0]
     rows.sort(key=lambda r: (r["task"], r["budget_min"]))
     t = table(f"camera policies: success against training minutes ({cpu})",
               ["task", "minutes", "steps", "success [95%]", "lifted"])

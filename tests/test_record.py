@@ -56,7 +56,7 @@ def test_ctrl_c_during_record_keeps_every_finished_episode(tmp_path):
         moved = ep["action"][-1] - ep["action"][0]
         assert np.abs(moved[7:13]).max() > 0.02 and np.abs(moved[:6]).max() < 1e-3  # keys moved the right arm only
         frames = ep["obs/images/top"]
-        assert frames.shape[1:] == (240, 320, 3) and frames.std() > 5
+        assert frames.shape[1:] == (96, 96, 3) and frames.std() > 5  # the camera recipe's size, record's default
         assert np.all(np.diff(ep["timestamp"]) > 0)
     # the twin's episodes carry their initial state: they replay exactly
     r = robo_rl_cli("replay", str(out), "episode=all")
