@@ -55,7 +55,8 @@ def run_row(run: Path) -> dict | None:
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
     task = next(line.split(":", 1)[1].strip() for line in cfg.splitlines() if line.startswith("task:"))
     minutes = next(float(line.split(":", 1)[1]) for line in cfg.splitlines() if line.strip().startswith("max_minutes:"))
-    return {"run": str(run), "task": task, "budget_min": minutes, "steps": ev["step"],
+    threads = next(int(line.split(":", 1)[1]) for line in cfg.splitlines() if line.strip().startswith("threads:"))
+    return {"run": str(run), "task": task, "budget_min": minutes, "threads": threads, "steps": ev["step"],
             "train_min": round(metrics[-1]["time_s"] / 60, 1) if metrics else None, "success": ev["success_rate"],
             "ci95": [round(ev["ci95_low"], 3), round(ev["ci95_high"], 3)],
             "lifted": ev.get("reach_lifted_by_right", ev.get("reach_both_lifted"))}
@@ -75,7 +76,8 @@ def plot(rows: list[dict], path: Path, cpu: str) -> None:
                     label=task)
     ax.set_xscale("log", base=2)
     ax.set_xticks(sorted({r["budget_min"] for r in rows}), [f"{m:g}" for m in sorted({r["budget_min"] for r in rows})])
-    ax.set_xlabel("training minutes (CPU)")
+    threads = sorted({r["threads"] for r in rows})
+    ax.set_xlabel(f"training minutes ({'/'.join(map(str, threads))} CPU thread(s) per run)")
     ax.set_ylabel("success, 100 unseen seeds (%)")
     ax.set_ylim(0, 100)
     ax.set_title(f"camera policies, 50 demos\n{cpu}", fontsize=9)
@@ -118,9 +120,9 @@ def main() -> None:
     rows = [r for r in (run_row(p) for p in sorted(out.iterdir()) if p.is_dir()) if r and r["budget_min"] > 0]
     rows.sort(key=lambda r: (r["task"], r["budget_min"]))
     t = table(f"camera policies: success against training minutes ({cpu})",
-              ["task", "minutes", "steps", "success [95%]", "lifted"])
+              ["task", "minutes", "threads", "steps", "success [95%]", "lifted"])
     for r in rows:
-        t.add_row(r["task"], f"{r['budget_min']:g}", str(r["steps"]),
+        t.add_row(r["task"], f"{r['budget_min']:g}", str(r["threads"]), str(r["steps"]),
                   f"{r['success']:.0%} [{r['ci95'][0]:.1%}, {r['ci95'][1]:.1%}]", f"{r['lifted']:.0%}" if r["lifted"] is not None else "-")
     make_console().print(t)
     if rows:
