@@ -94,6 +94,8 @@ def main() -> None:
     ap.add_argument("--demos", type=int, default=50)
     ap.add_argument("--episodes", type=int, default=100, help="evaluation episodes per row")
     ap.add_argument("--parallel", type=int, default=2, help="runs at once (each gets cores / parallel threads)")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="learner.steps, the schedule's cap (default: train's 7000, about 50 minutes of one core)")
     ap.add_argument("--out", type=Path, default=Path("data/runs/curve"))
     ap.add_argument("--table", type=Path, default=None, help="only tabulate the runs under this folder")
     args = ap.parse_args()
@@ -114,6 +116,7 @@ def main() -> None:
                 procs.append(robo_rl("train", "policy=flow", f"task={task}", f"dataset={demos_for(task, args.demos)}",
                                      f"obs_keys={CAMERAS}", f"learner.max_minutes={minutes:g}", f"learner.threads={threads}",
                                      f"eval.episodes={args.episodes}", "eval.videos=0", f"run_dir={run}",
+                                     *([f"learner.steps={args.steps}"] if args.steps else []),
                                      log=out / f"{task}-{minutes:g}min.log"))
             for p in procs:
                 p.wait()
