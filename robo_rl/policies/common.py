@@ -60,7 +60,7 @@ class ObsShapes:
         lowdim, images = {}, {}
         for k in obs_keys:
             if k not in schema.keys:
-                cameras = sorted(c for c, spec in schema.keys.items() if len(spec.shape) == 3)
+                cameras = sorted(schema.image_keys)
                 if k.startswith("obs/images/"):
                     raise ConfigError(f"observation key {k!r}: the dataset has no such camera; its cameras are "
                                       f"{cameras or 'none (state only)'}")

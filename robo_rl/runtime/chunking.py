@@ -99,6 +99,12 @@ class ChunkExecutor:
         live = [(s, c) for s, c in self.chunks if s <= self.t < s + self.horizon]
         if not live:
             raise RuntimeError("ChunkExecutor: no chunk covers this tick; push a prediction first")
-        w = np.exp(-self.cfg.ensemble_decay * np.arange(len(live)))  # i = 0 is the oldest (ACT)
-        acts = np.stack([c[self.t - s] for s, c in live])
-        return (w[:, None] * acts).sum(0) / w.sum()
+        return ensemble_mean([c[self.t - s] for s, c in live], self.cfg.ensemble_decay)
+
+
+def ensemble_mean(actions: list[np.ndarray], decay: float) -> np.ndarray:
+    """ACT's temporal ensembling: the mean of the actions several chunks give for one tick, the
+    i-th oldest chunk's weighted exp(-decay * i). Shared by ChunkExecutor (ticks) and the real-time
+    Controller (absolute time)."""
+    w = np.exp(-decay * np.arange(len(actions)))
+    return (w[:, None] * np.stack(actions)).sum(0) / w.sum()

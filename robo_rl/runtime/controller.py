@@ -44,6 +44,7 @@ from typing import Any, Callable, Mapping, Protocol
 import numpy as np
 
 from robo_rl.errors import ConfigError
+from robo_rl.runtime.chunking import ensemble_mean
 
 
 @dataclass
@@ -332,8 +333,7 @@ class PolicyChunks:
         actions = [c.actions[i] for c, i in due if i >= 0]
         if not actions:
             return None
-        w = np.exp(-cfg.ensemble_decay * np.arange(len(actions)))  # i = 0 is the oldest (ACT)
-        action = (w[:, None] * np.stack(actions)).sum(0) / w.sum()
+        action = ensemble_mean(actions, cfg.ensemble_decay)  # self.live is oldest first, as ACT weights it
         if self._handover and self._last_action is not None:  # the first tick a new chunk joins the mean
             report.handover_jumps.append(float(np.abs(action - self._last_action).max()))
         self._handover, self._last_action = False, np.asarray(action, np.float64)
