@@ -6,12 +6,14 @@ cosine schedule ends at the steps that fit in M minutes; the run's own evaluatio
 seeds by default) gives the row. The state policy's rows (the same tasks from object poses, 99%
 and 98% in 20 minutes) are docs/results.md's and not rerun here.
 
-    python bench/camera_curve.py --minutes 15 30 --tasks transfer_cube insertion [--parallel 2]
+    python bench/camera_curve.py --minutes 15 30 --tasks transfer_cube insertion [--parallel 2] [--seeds 0 1]
     python bench/camera_curve.py --table data/runs/curve      # the table and PNG of runs already made
 
 Demos: `data/demos/<task>_cams` (50 scripted episodes, three cameras at 96x96), recorded first if
 missing. `--parallel 2` trains two runs at once, one thread each (the 2-core machine shared);
-`--parallel 1` gives one run both cores. Writes <out>/curve.png and <out>/curve.json.
+`--parallel 1` gives one run both cores. `--seeds 0 1` trains each point once per training seed
+(`learner.seed`; the evaluation seeds stay 100000+): the run-to-run spread. Writes <out>/curve.png
+and <out>/curve.json.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import numpy as np
+from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import cpu_kind, make_console, table  # noqa: E402
@@ -51,12 +56,10 @@ def run_row(run: Path) -> dict | None:
     if not evals.is_file():
         return None
     ev = json.loads(evals.read_text().splitlines()[-1])
-    cfg = (run / "config.yaml").read_text()
+    cfg = OmegaConf.load(run / "config.yaml")
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
-    task = next(line.split(":", 1)[1].strip() for line in cfg.splitlines() if line.startswith("task:"))
-    minutes = next(float(line.split(":", 1)[1]) for line in cfg.splitlines() if line.strip().startswith("max_minutes:"))
-    threads = next(int(line.split(":", 1)[1]) for line in cfg.splitlines() if line.strip().startswith("threads:"))
-    return {"run": str(run), "task": task, "budget_min": minutes, "threads": threads, "steps": ev["step"],
+    task, minutes, threads, seed = cfg.task, float(cfg.learner.max_minutes), int(cfg.learner.threads), int(cfg.learner.seed)
+    return {"run": str(run), "task": task, "budget_min": minutes, "threads": threads, "seed": seed, "steps": ev["step"],
             "train_min": round(metrics[-1]["time_s"] / 60, 1) if metrics else None, "success": ev["success_rate"],
             "ci95": [round(ev["ci95_low"], 3), round(ev["ci95_high"], 3)],
             "lifted": ev.get("reach_lifted_by_right", ev.get("reach_both_lifted"))}
@@ -72,8 +75,10 @@ def plot(rows: list[dict], path: Path, cpu: str) -> None:
     for task in sorted({r["task"] for r in rows}):
         pts = sorted((r["budget_min"], r["success"] * 100, r["ci95"][0] * 100, r["ci95"][1] * 100) for r in rows if r["task"] == task)
         x, y, lo, hi = zip(*pts)
-        ax.errorbar(x, y, yerr=[[a - b for a, b in zip(y, lo)], [b - a for a, b in zip(y, hi)]], marker="o", capsize=3,
-                    label=task)
+        bars = ax.errorbar(x, y, yerr=[[a - b for a, b in zip(y, lo)], [b - a for a, b in zip(y, hi)]], marker="o",
+                           capsize=3, linestyle="none", label=f"{task} (a point per training seed)")
+        budgets = sorted(set(x))  # the line joins each budget's mean over seeds
+        ax.plot(budgets, [np.mean([b for a, b in zip(x, y) if a == m]) for m in budgets], color=bars[0].get_color())
     ax.set_xscale("log", base=2)
     ax.set_xticks(sorted({r["budget_min"] for r in rows}), [f"{m:g}" for m in sorted({r["budget_min"] for r in rows})])
     threads = sorted({r["threads"] for r in rows})
@@ -87,13 +92,20 @@ def plot(rows: list[dict], path: Path, cpu: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def curve_arguments(description: str) -> argparse.ArgumentParser:
+    """The options every point of the curve is defined by (this bench and bench/peer_act.py)."""
+    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", nargs="+", default=["transfer_cube", "insertion"])
     ap.add_argument("--minutes", nargs="+", type=float, default=[15, 30, 60, 120])
     ap.add_argument("--demos", type=int, default=50)
     ap.add_argument("--episodes", type=int, default=100, help="evaluation episodes per row")
     ap.add_argument("--parallel", type=int, default=2, help="runs at once (each gets cores / parallel threads)")
+    return ap
+
+
+def main() -> None:
+    ap = curve_arguments(__doc__)
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0], help="training seeds (learner.seed) per point")
     ap.add_argument("--steps", type=int, default=None,
                     help="learner.steps, the schedule's cap (default: train's 7000, about 50 minutes of one core)")
     ap.add_argument("--out", type=Path, default=Path("data/runs/curve"))
@@ -103,29 +115,30 @@ def main() -> None:
     out = args.table or args.out
     out.mkdir(parents=True, exist_ok=True)
     if args.table is None:
-        jobs = [(t, m) for m in args.minutes for t in args.tasks]
+        jobs = [(t, m, seed) for seed in args.seeds for m in args.minutes for t in args.tasks]
         threads = max(1, (os.cpu_count() or 2) // args.parallel)
         while jobs:
             batch, jobs = jobs[: args.parallel], jobs[args.parallel:]
             procs = []
-            for task, minutes in batch:
-                run = out / f"{task}-{minutes:g}min"
+            for task, minutes, seed in batch:
+                run = out / f"{task}-{minutes:g}min{f'-seed{seed}' if seed else ''}"
                 if (run / "evals.jsonl").is_file():
                     continue
                 print(f"training {task} for {minutes:g} min ({threads} thread(s)) -> {run}")
                 procs.append(robo_rl("train", "policy=flow", f"task={task}", f"dataset={demos_for(task, args.demos)}",
                                      f"obs_keys={CAMERAS}", f"learner.max_minutes={minutes:g}", f"learner.threads={threads}",
                                      f"eval.episodes={args.episodes}", "eval.videos=0", f"run_dir={run}",
+                                     f"learner.seed={seed}",
                                      *([f"learner.steps={args.steps}"] if args.steps else []),
-                                     log=out / f"{task}-{minutes:g}min.log"))
+                                     log=run.with_suffix(".log")))
             for p in procs:
                 p.wait()
     rows = [r for r in (run_row(p) for p in sorted(out.iterdir()) if p.is_dir()) if r and r["budget_min"] > 0]
-    rows.sort(key=lambda r: (r["task"], r["budget_min"]))
+    rows.sort(key=lambda r: (r["task"], r["budget_min"], r["seed"]))
     t = table(f"camera policies: success against training minutes ({cpu})",
-              ["task", "minutes", "threads", "steps", "success [95%]", "lifted"])
+              ["task", "minutes", "threads", "seed", "steps", "success [95%]", "lifted"])
     for r in rows:
-        t.add_row(r["task"], f"{r['budget_min']:g}", str(r["threads"]), str(r["steps"]),
+        t.add_row(r["task"], f"{r['budget_min']:g}", str(r["threads"]), str(r["seed"]), str(r["steps"]),
                   f"{r['success']:.0%} [{r['ci95'][0]:.1%}, {r['ci95'][1]:.1%}]", f"{r['lifted']:.0%}" if r["lifted"] is not None else "-")
     make_console().print(t)
     if rows:

@@ -308,15 +308,21 @@ def test_the_demo_runs_the_whole_story_at_toy_size(tmp_path):
 @pytest.mark.slow  # ~1.5 min: PackCube's demos and rollouts rendered
 def test_the_demo_with_cameras_records_trains_and_rolls_out_on_frames(tmp_path):
     """`demo obs=images`: the demos, RaC's rollouts and the policy all go through the cameras (no
-    object poses); the stores hold the frames at the asked size."""
+    object poses); the stores hold the frames at the asked size; the policy is `train`'s camera
+    recipe, image_policy on top, and its chunks are ensembled."""
     out = tmp_path / "demo"
     r = _cli("demo", "obs=images", "cameras=[top]", "image_size=[32,48]", "small.demos=1", "small.pretrain_steps=5",
-             "small.episodes_per_round=1", "small.eval_episodes=1", "n_envs=1", "threads=1", "videos=0", f"out={out}")
+             "small.episodes_per_round=1", "small.eval_episodes=1", "n_envs=1", "threads=1", "videos=0",
+             "+image_policy.noise_samples=2", f"out={out}")
     assert r.returncode == 0, r.stdout + r.stderr
     from robo_rl.policies import read_checkpoint
 
-    ckpt = read_checkpoint(out / "rac-round1" / "checkpoints" / "last.pt")
-    assert ckpt["obs_keys"] == ["obs/qpos", "obs/images/top"] and ckpt["policy"]["config"]["image_encoder"] == "conv"
+    ckpt = read_checkpoint(out / "pretrain" / "checkpoints" / "last.pt")
+    config = ckpt["policy"]["config"]
+    assert ckpt["obs_keys"] == ["obs/qpos", "obs/images/top"] and config["image_encoder"] == "conv"
+    assert (config["n_obs"], config["backbone"], config["aux_chunk_weight"]) == (1, "mlp", 1.0)
+    assert config["noise_samples"] == 2  # image_policy wins over the recipe's 4
+    assert ckpt["chunking"] == {"mode": "ensemble"}
     for store in (out / "demos", out / "interventions" / "round1"):
         frames = EpisodeStore.open(store).episode(0)["obs/images/top"]
         assert frames.shape[1:] == (32, 48, 3) and frames.std() > 5

@@ -77,6 +77,7 @@ def run(cfg: DictConfig) -> int:
     from robo_rl.learn import Learner, LearnerConfig
     from robo_rl.learn.from_store import policy_for_store
     from robo_rl.learn.learner import resolve_device
+    from robo_rl.learn.recipes import camera_recipe
     from robo_rl.policies import checkpoint_info, load_policy, read_checkpoint
     from robo_rl.policies.common import predictor
     from robo_rl.rac.mixing import CompositionConfig
@@ -104,10 +105,14 @@ def run(cfg: DictConfig) -> int:
         if not cameras:
             raise ConfigError("demo: obs=images needs cameras, e.g. cameras=[top,right_wrist]")
         obs_keys = ["obs/qpos", *(f"obs/images/{c}" for c in cameras)]
-        policy_opts.update(OmegaConf.to_container(cfg.image_policy, resolve=True) or {})
     else:
         raise ConfigError(f"demo: obs={cfg.obs!r}; choose state or images")
     device = resolve_device(str(cfg.device))
+    # obs=images: the camera recipe `train` picks (robo_rl/learn/recipes.py), then image_policy on top
+    recipe = camera_recipe("flow", device) if cameras else {}
+    if cameras:
+        policy_opts.update({k.split(".", 1)[1]: v for k, v in recipe.items() if k.startswith("policy.")})
+        policy_opts.update(OmegaConf.to_container(cfg.image_policy, resolve=True) or {})
 
     def evaluate(policy: Any, name: str) -> dict[str, Any]:  # every row on the same seeds, one video each
         return evaluate_with_recoveries(policy, cfg.task, chunking, int(s["eval_episodes"]), int(cfg.n_envs), 100_000,
@@ -116,7 +121,7 @@ def run(cfg: DictConfig) -> int:
     def learner(steps: int, lr: float, warmup: int, **more: Any) -> LearnerConfig:
         return LearnerConfig(steps=steps, batch_size=int(s["batch_size"]), lr=lr, warmup_steps=warmup,
                              checkpoint_every=1000, seed=int(cfg.seed), device=cfg.device, threads=int(cfg.threads),
-                             **more)
+                             bf16=str(recipe.get("learner.bf16", "auto")), **more)
 
     def policy_at(run_dir: Path) -> Any:  # a finished stage's EMA policy, for the stages after it
         return load_policy(read_checkpoint(run_dir / "checkpoints" / "last.pt"), device=device)
@@ -139,7 +144,8 @@ def run(cfg: DictConfig) -> int:
     lcfg = learner(int(s["pretrain_steps"]), float(s["lr"]), 300)
     policy, sampler, n_demos = policy_for_store(demos, obs_keys, "flow", policy_opts, int(rec["episodes"]),
                                                 resolve_device(lcfg.device))
-    chunking = {"n_action_steps": policy.config.n_action_steps}
+    chunking = ({"mode": recipe["eval.chunking.mode"]} if "eval.chunking.mode" in recipe
+                else {"n_action_steps": policy.config.n_action_steps})
 
     def pretrain() -> dict[str, Any]:
         print(f"2/6 pre-train a flow policy ({sum(p.numel() for p in policy.parameters()) / 1e6:.2f}M params) on "

@@ -64,7 +64,13 @@ def pick_recipe(recipe: str, policy_name: str, camera_keys: list[str], frame_siz
         raise ConfigError(f"train: {k} frames are {h}x{w}, smaller than the camera recipe's "
                           f"{CAMERA_MIN_FRAME[0]}x{CAMERA_MIN_FRAME[1]}; record them with image_size=[96,96] "
                           f"or larger, or pass recipe=none")
+    return {k: v for k, v in camera_recipe(policy_name, device).items() if k not in user_keys}
+
+
+def camera_recipe(policy_name: str, device: str) -> dict[str, Any]:
+    """The whole camera recipe for this policy and device, as {dotted key: value}: what `train`
+    fills in (pick_recipe) and what `demo obs=images` trains and runs with."""
     chosen = dict(CAMERA_RECIPE, **(CAMERA_FLOW_RECIPE if policy_name == "flow" else {}))
     if device == "cpu" and cpu_computes_bf16():
         chosen["learner.bf16"] = "true"
-    return {k: v for k, v in chosen.items() if k not in user_keys}
+    return chosen
