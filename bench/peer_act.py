@@ -36,6 +36,7 @@ from camera_curve import CAMERAS, curve_arguments, demos_for, robo_rl, run_row  
 from common import cpu_kind, make_console, table  # noqa: E402
 
 WORKER = Path(__file__).resolve().parent / "peer_act_worker.py"
+OBS_KEYS = CAMERAS.strip("[]").split(",")  # obs/qpos and the three cameras, as our curve's policy reads them
 LEROBOT = "lerobot>=0.4,<0.5"
 EXECUTIONS = {"chunk100": "LeRobot's default: 100 actions, then a new chunk",
               "ensemble": "ACT's temporal ensembling: a chunk every step, exp(-0.01 i)"}
@@ -51,8 +52,12 @@ def ensure_venv(venv: Path) -> Path:
     return python
 
 
+def exported(task: str) -> Path:
+    return Path("data/peer") / f"{task}_lerobot"
+
+
 def export_for(task: str, demos: int) -> Path:
-    out = Path("data/peer") / f"{task}_lerobot"
+    out = exported(task)
     if not (out / "meta" / "info.json").is_file():
         print(f"exporting {task}'s demos to {out} (robo-rl dataset export-lerobot)")
         if robo_rl("dataset", "export-lerobot", str(demos_for(task, demos)), str(out)).wait() != 0:
@@ -78,7 +83,7 @@ class ActServer:
 
     def __call__(self, window) -> np.ndarray:
         obs = {"observation.state": np.ascontiguousarray(window["obs/qpos"][:, -1], dtype=np.float32)}
-        for key in CAMERAS.strip("[]").split(",")[1:]:
+        for key in OBS_KEYS[1:]:
             obs["observation.images." + key.rsplit("/", 1)[1]] = np.ascontiguousarray(window[key][:, -1])
         buf = io.BytesIO()
         np.savez(buf, **obs)
@@ -98,9 +103,9 @@ def evaluate_one(python: Path, task: str, checkpoint: Path, execution: str, epis
 
     chunking = (ChunkingConfig(mode="receding", n_action_steps=100) if execution == "chunk100"
                 else ChunkingConfig(mode="ensemble", query_every=1, ensemble_decay=0.01))
-    server = ActServer(python, Path("data/peer") / f"{task}_lerobot", checkpoint, threads)
+    server = ActServer(python, exported(task), checkpoint, threads)
     try:
-        summary = evaluate_policy(server, task, CAMERAS.strip("[]").split(","), n_obs=1, horizon=100, chunking=chunking,
+        summary = evaluate_policy(server, task, OBS_KEYS, n_obs=1, horizon=100, chunking=chunking,
                                   episodes=episodes, n_envs=10, seed=100_000, image_size=(96, 96))
     finally:
         server.close()
@@ -125,7 +130,8 @@ def act_rows(out: Path) -> list[dict]:
 
 def main() -> None:
     ap = curve_arguments(__doc__)
-    ap.add_argument("--executions", nargs="+", default=list(EXECUTIONS), choices=list(EXECUTIONS))
+    ap.add_argument("--executions", nargs="+", default=list(EXECUTIONS), choices=list(EXECUTIONS),
+                    help="; ".join(f"{k}: {v}" for k, v in EXECUTIONS.items()))
     ap.add_argument("--venv", type=Path, default=Path("data/peer/venv"))
     ap.add_argument("--out", type=Path, default=Path("data/runs/peer_act"))
     ap.add_argument("--ours", type=Path, default=Path("data/runs/curve"), help="bench/camera_curve.py's runs")

@@ -109,8 +109,9 @@ def run(cfg: DictConfig) -> int:
         raise ConfigError(f"demo: obs={cfg.obs!r}; choose state or images")
     device = resolve_device(str(cfg.device))
     # obs=images: the camera recipe `train` picks (robo_rl/learn/recipes.py), then image_policy on top
-    recipe = camera_recipe("flow", device) if cameras else {}
+    recipe = {}
     if cameras:
+        recipe = camera_recipe("flow", device)
         policy_opts.update({k.split(".", 1)[1]: v for k, v in recipe.items() if k.startswith("policy.")})
         policy_opts.update(OmegaConf.to_container(cfg.image_policy, resolve=True) or {})
 
