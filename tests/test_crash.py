@@ -27,9 +27,26 @@ def _start(path: Path, mode: str) -> subprocess.Popen:
     return proc
 
 
+def _group_alive(pgid: int) -> bool:
+    """Any process of group `pgid` not yet dead (zombies have released their locks)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # state, ppid, pgrp, ...
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
 def _kill_and_count(proc: subprocess.Popen) -> int:
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+    # wait() reaps only the writer; the recorder's own writer process, which holds the store's
+    # lock, may still be dying on a loaded machine, and the next writer must not race it
+    deadline = time.monotonic() + 10
+    while _group_alive(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
     out = proc.stdout.read()
     return sum(1 for line in out.splitlines() if line.startswith("committed"))
 
