@@ -1,5 +1,5 @@
 """Why a camera policy fails in closed loop: the measurements behind docs/results.md's
-"Camera policies: diagnosis" table. Three parts, each a table with its reference in the same run:
+"Camera policies: diagnosis" table. Each part prints a table with its reference in the same run:
 
 - `probe`: per camera, how well the cube's position and yaw can be read from one frame. A fresh
   encoder (the policy's own conv encoder, same crop) is trained to regress them on the demos'
@@ -14,10 +14,18 @@
   the two demos' own actions differ there. A policy that reads its joints instead of the image
   ("copycat") moves little when the image is swapped.
 - `position`: an eval.json's episodes binned by the cube's start distance from its mean pose.
+- `align` (Insertion): per camera, how well a fresh encoder reads the peg's alignment with the
+  socket's bore (across it, along it, tilt) from one frame, near the mouth and inside the bore.
+- `stuck` (Insertion): where recorded rollouts leave the peg (depth, off-axis, tilt), against the demos.
+- `handover` (TransferCube): when recorded rollouts close the left gripper and open the right one,
+  and where the cube ends, against the demos.
 
     python bench/camera_diagnosis.py probe --dataset data/demos/tc_cams [--checkpoint RUN/checkpoints/last.pt]
     python bench/camera_diagnosis.py openloop --dataset data/demos/tc_cams --checkpoint RUN/checkpoints/last.pt
     python bench/camera_diagnosis.py position --eval RUN/eval-last/eval.json
+    python bench/camera_diagnosis.py align --dataset data/demos/insertion_cams
+    python bench/camera_diagnosis.py stuck --dataset data/demos/insertion_cams --rollouts ROLLOUTS
+    python bench/camera_diagnosis.py handover --dataset data/demos/transfer_cube_cams --rollouts ROLLOUTS
 """
 
 from __future__ import annotations
@@ -79,7 +87,7 @@ def fmt(errors: tuple[float, float]) -> tuple[str, str]:
 
 def train_probe(frames: np.ndarray, targets: np.ndarray, test_frames: np.ndarray, steps: int, batch: int,
                 crop_ratio: float, bf16: bool, seed: int) -> np.ndarray:
-    """A fresh conv encoder + linear head regressing (x, y, yaw), normalised; predictions on test_frames."""
+    """A fresh conv encoder + linear head regressing the targets, normalised; predictions on test_frames."""
     from robo_rl.policies.nets.encoders import CameraEncoder
 
     torch.manual_seed(seed)
@@ -87,7 +95,7 @@ def train_probe(frames: np.ndarray, targets: np.ndarray, test_frames: np.ndarray
     y = torch.as_tensor((targets - mean) / std)
     x = torch.as_tensor(frames)
     enc = CameraEncoder(tuple(frames.shape[1:3]), 64, 32, crop_ratio, kind="conv")
-    model = torch.nn.Sequential(enc, torch.nn.Mish(), torch.nn.Linear(64, 3))
+    model = torch.nn.Sequential(enc, torch.nn.Mish(), torch.nn.Linear(64, targets.shape[1]))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-6)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, 1e-3, total_steps=steps, pct_start=0.1)
     gen = torch.Generator().manual_seed(seed)
@@ -163,6 +171,159 @@ def run_probe(args) -> None:
     show(f"cube pose probes, {args.dataset} (train episodes 0-{TRAIN_EPISODES - 1}, held out {TRAIN_EPISODES}-{n - 1}; "
           f"{args.steps} steps at batch {args.batch}; {cpu_kind()})",
           ["camera", "probe", "xy cm (median)", "yaw deg", "xy cm, first 10 steps", "yaw deg, first 10 steps", "s"], rows)
+
+
+# Insertion: the peg must meet the socket's bore (1.7 cm of clearance each side) along its axis
+PEG_HALF_LEN, SOCKET_HALF_LEN = 0.07, 0.035  # sim/tasks/insertion.py
+
+
+def rotation(quat: np.ndarray) -> np.ndarray:
+    """(..., 3, 3) rotation matrices from (..., 4) unit quaternions (w, x, y, z)."""
+    w, x, y, z = np.moveaxis(quat, -1, 0)
+    return np.stack([np.stack([1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)], -1),
+                     np.stack([2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)], -1),
+                     np.stack([2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)], -1)], -2)
+
+
+def peg_in_socket_frame(env_state: np.ndarray) -> np.ndarray:
+    """Insertion's alignment, what the last step must read: the peg's tip in the socket's frame
+    (x along the bore, the mouth at +3.5 cm; y, z across it) and the peg's axis across the bore
+    (its y, z components in the socket's frame: the tilt, about its sine), from env_state
+    (peg x, y, z, qw, qx, qy, qz, then the socket's)."""
+    peg_rot, sock_rot = rotation(env_state[:, 3:7]), rotation(env_state[:, 10:14])
+    tip = env_state[:, :3] - PEG_HALF_LEN * peg_rot[:, :, 0]  # the peg's -x end goes in first
+    local_tip = np.einsum("nji,nj->ni", sock_rot, tip - env_state[:, 7:10])
+    local_axis = np.einsum("nji,nj->ni", sock_rot, peg_rot[:, :, 0])
+    return np.c_[local_tip, local_axis[:, 1:]].astype(np.float32)
+
+
+def alignment_errors(pred: np.ndarray, target: np.ndarray) -> tuple[float, float, float]:
+    """(median error across the bore in cm, along it in cm, of the tilt in degrees)."""
+    across = np.linalg.norm(pred[:, 1:3] - target[:, 1:3], axis=1) * 100
+    along = np.abs(pred[:, 0] - target[:, 0]) * 100
+    tilt = np.degrees(np.arcsin(np.clip(np.linalg.norm(pred[:, 3:5] - target[:, 3:5], axis=1), 0, 1)))
+    return float(np.median(across)), float(np.median(along)), float(np.median(tilt))
+
+
+def lifted_steps(store: EpisodeStore, state: np.ndarray, episodes: range) -> np.ndarray:
+    """Global step indices where both parts are in the air (z > 5 cm, the task's `both_lifted`):
+    the hands are bringing the peg to the bore or pushing it in."""
+    idx = []
+    for e in episodes:
+        s, end = store.episode_range(e)
+        idx.append(s + np.flatnonzero((state[s:end, 2] > 0.05) & (state[s:end, 9] > 0.05)))
+    return np.concatenate(idx)
+
+
+def run_align_probe(args) -> None:
+    """Per camera, how well a fresh encoder reads the peg's alignment with the socket from one frame,
+    on held-out episodes: in the last 5 cm before the tip enters the bore, and once it is in."""
+    store = EpisodeStore.open(args.dataset, mode="r")
+    cams = args.cameras or list(store.schema.image_keys)
+    n = store.n_episodes
+    if n <= TRAIN_EPISODES:
+        raise SystemExit(f"{args.dataset}: probes need more than {TRAIN_EPISODES} episodes (it has {n})")
+    state = np.asarray(store.read("obs/env_state"))
+    if state.shape[1] != 14:
+        raise SystemExit(f"{args.dataset}: obs/env_state has {state.shape[1]} values, not Insertion's 14 (peg, socket)")
+    tr, te = lifted_steps(store, state, range(TRAIN_EPISODES)), lifted_steps(store, state, range(TRAIN_EPISODES, n))
+    target = peg_in_socket_frame(state)
+    ytr, yte = target[tr], target[te]
+    inside = yte[:, 0] < SOCKET_HALF_LEN  # the tip past the mouth
+    at_mouth = ~inside & (yte[:, 0] < SOCKET_HALF_LEN + 0.05)  # the last 5 cm of the approach
+    guess = np.broadcast_to(ytr.mean(0), yte.shape)
+
+    def cells(pred: np.ndarray) -> tuple[str, ...]:
+        return tuple(f"{v:.2f}" if i < 2 else f"{v:.1f}" for part in (at_mouth, inside)
+                     for i, v in enumerate(alignment_errors(pred[part], yte[part])))
+
+    rows = [("(reference) the training mean", *cells(guess), "-")]
+    torch.set_num_threads(args.threads)
+    for key in cams:
+        frames = np.asarray(store.read(key))
+        t0 = time.perf_counter()
+        pred = train_probe(frames[tr], ytr, frames[te], args.steps, args.batch, args.crop_ratio, args.bf16, args.seed)
+        rows.append((f"{key} {frames.shape[1]}x{frames.shape[2]}", *cells(pred), f"{time.perf_counter() - t0:.0f}"))
+    show(f"peg-in-socket alignment probes, {args.dataset} (fresh conv encoder per camera; train episodes "
+         f"0-{TRAIN_EPISODES - 1}, held out {TRAIN_EPISODES}-{n - 1}: {int(at_mouth.sum())} steps within 5 cm of the mouth, "
+         f"{int(inside.sum())} in it; {args.steps} steps at batch {args.batch}; {cpu_kind()})",
+         ["camera", "across cm, at mouth", "along cm, at mouth", "tilt deg, at mouth", "across cm, in bore",
+          "along cm, in bore", "tilt deg, in bore", "s"], rows)
+
+
+def run_stuck(args) -> None:
+    """Where Insertion's rollouts stop, from their recorded env_state, joints and commands: how deep
+    the peg's tip got (the pin is at -2.8 cm in the socket's frame, the mouth at +3.5), how far off
+    the bore's axis and how tilted the peg was there, where the right hand holds the peg (its
+    distance from the tip), and whether the arm was pushing against something there (the largest
+    gap between the right arm's commanded and actual joints); the demos of `--dataset` as the reference."""
+    from robo_rl.sim.expert import arm_slice
+    from robo_rl.sim.robot import SimRobot
+
+    robot = SimRobot("insertion.xml", cameras=[])
+    site, arm = robot.model.site("right_ee").id, arm_slice(robot.spec, "right")
+    rows = []
+    for name, path in (("demos (the expert)", args.dataset), ("rollouts", args.rollouts)):
+        store = EpisodeStore.open(path, mode="r")
+        state, qpos, act = (np.asarray(store.read(k)) for k in ("obs/env_state", "obs/qpos", "action"))
+        target = peg_in_socket_frame(state)
+        facts: dict[str, list] = {}
+        for e in range(store.n_episodes):
+            s, end = store.episode_range(e)
+            deepest = s + int(np.argmin(target[s:end, 0]))
+            x, y, z, ay, az = target[deepest]
+            robot.set_joint_positions(qpos[deepest])
+            hand_in_peg = rotation(state[deepest, 3:7]).T @ (robot.data.site_xpos[site] - state[deepest, :3])
+            grip_from_tip = (hand_in_peg[0] + PEG_HALF_LEN) * 100
+            pushing = float(np.abs(act[deepest, arm] - qpos[deepest, arm]).max())
+            lifted = bool(np.any((state[s:end, 2] > 0.05) & (state[s:end, 9] > 0.05)))
+            group = "all" if name.startswith("demos") else ("succeeded" if store.meta(e).success else "failed")
+            facts.setdefault(group, []).append((x * 100, math.hypot(y, z) * 100, math.degrees(math.asin(min(1.0, math.hypot(ay, az)))),
+                                                x < SOCKET_HALF_LEN, end - deepest, lifted, grip_from_tip, pushing))
+        for group, f in facts.items():
+            a = np.array(f, dtype=float)
+            rows.append((f"{name}, {group}", len(a), f"{a[:, 5].mean():.0%}", f"{a[:, 3].mean():.0%}", f"{np.median(a[:, 0]):.1f}",
+                         f"{np.median(a[:, 1]):.2f}", f"{np.median(a[:, 2]):.1f}", f"{np.median(a[:, 4]):.0f}",
+                         f"{np.median(a[:, 6]):.1f} [{a[:, 6].min():.1f}, {a[:, 6].max():.1f}]", f"{np.median(a[:, 7]):.3f}"))
+    show(f"where the peg's tip got to, in the socket's frame (medians; the pin at -2.8 cm, the mouth at +3.5 cm; {cpu_kind()})",
+         ["episodes", "n", "both parts lifted", "tip entered the bore", "deepest tip x (cm)", "off the axis there (cm)",
+          "tilt there (deg)", "steps after it", "hand from the tip (cm) [min, max]", "command - joints (rad)"], rows)
+
+
+def run_handover(args) -> None:
+    """TransferCube's handover, from recorded actions and env_state: when the left gripper's command
+    closes, how long after it the right one's opens (the task succeeds once the left holds the cube
+    above 8 cm and the right no longer touches it), and where the cube ends; the demos of
+    `--dataset` as the reference."""
+    from robo_rl.sim.expert import grip_index
+    from robo_rl.sim.robot import SimRobot
+
+    spec = SimRobot("transfer_cube.xml", cameras=[]).spec
+    right, left = grip_index(spec, "right"), grip_index(spec, "left")
+    rows = []
+    for name, path in (("demos (the expert)", args.dataset), ("rollouts", args.rollouts)):
+        store = EpisodeStore.open(path, mode="r")
+        act, state = np.asarray(store.read("action")), np.asarray(store.read("obs/env_state"))
+        facts: dict[str, list] = {}
+        for e in range(store.n_episodes):
+            s, end = store.episode_range(e)
+            r, lg = act[s:end, right], act[s:end, left]
+            left_closes = np.flatnonzero(lg < 0.5)
+            right_closed = np.flatnonzero(r < 0.1)
+            # the expert ramps its grippers: the release has begun once the closed command rises past 0.2
+            opens = np.flatnonzero(r[right_closed[0]:] > 0.2) + right_closed[0] if len(right_closed) else np.array([])
+            gap = (opens[0] - left_closes[0]) if len(left_closes) and len(opens) else np.nan
+            group = "all" if name.startswith("demos") else ("succeeded" if store.meta(e).success else "failed")
+            facts.setdefault(group, []).append((left_closes[0] if len(left_closes) else np.nan, gap, float(len(opens) > 0),
+                                                r[-1], lg[-1], state[end - 1, 2] * 100, end - s))
+        for group, f in facts.items():
+            a = np.array(f, dtype=float)
+            rows.append((f"{name}, {group}", len(a), f"{np.nanmedian(a[:, 0]):.0f}", f"{np.nanmedian(a[:, 1]):.0f}",
+                         f"{a[:, 2].mean():.0%}", f"{np.median(a[:, 3]):.2f}", f"{np.median(a[:, 4]):.2f}",
+                         f"{np.median(a[:, 5]):.1f}", f"{np.median(a[:, 6]):.0f}"))
+    show(f"TransferCube's handover (medians; gripper commands: 1 open, 0 closed; {cpu_kind()})",
+         ["episodes", "n", "left closes (< 0.5) at step", "right opens (> 0.2), steps later", "right ever opens", "right's last command",
+          "left's last command", "cube z at the end (cm)", "length"], rows)
 
 
 def run_openloop(args) -> None:
@@ -307,7 +468,7 @@ def run_position(args) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("part", choices=["probe", "openloop", "position", "grasp"])
+    ap.add_argument("part", choices=["probe", "align", "stuck", "handover", "openloop", "position", "grasp"])
     ap.add_argument("--rollouts")
     ap.add_argument("--dataset")
     ap.add_argument("--checkpoint")
@@ -320,7 +481,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    {"probe": run_probe, "openloop": run_openloop, "position": run_position, "grasp": run_grasp}[args.part](args)
+    {"probe": run_probe, "align": run_align_probe, "stuck": run_stuck, "handover": run_handover, "openloop": run_openloop, "position": run_position, "grasp": run_grasp}[args.part](args)
 
 
 if __name__ == "__main__":
