@@ -127,13 +127,17 @@ def ridge(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, lam: flo
     return np.c_[(test_x - mu) / sd, np.ones(len(test_x))] @ w
 
 
-def run_probe(args) -> None:
+def probe_inputs(args) -> tuple[EpisodeStore, list[str], int, np.ndarray]:
+    """A probe's demos: the store, the cameras to probe, its episode count and its env_state."""
     store = EpisodeStore.open(args.dataset, mode="r")
-    cams = args.cameras or list(store.schema.image_keys)
     n = store.n_episodes
     if n <= TRAIN_EPISODES:
         raise SystemExit(f"{args.dataset}: probes need more than {TRAIN_EPISODES} episodes (it has {n})")
-    state = np.asarray(store.read("obs/env_state"))
+    return store, args.cameras or list(store.schema.image_keys), n, np.asarray(store.read("obs/env_state"))
+
+
+def run_probe(args) -> None:
+    store, cams, n, state = probe_inputs(args)
     tr, _ = resting_steps(store, state, range(TRAIN_EPISODES))
     te, te_t = resting_steps(store, state, range(TRAIN_EPISODES, n))
     pose = cube_pose(state)
@@ -218,12 +222,7 @@ def lifted_steps(store: EpisodeStore, state: np.ndarray, episodes: range) -> np.
 def run_align_probe(args) -> None:
     """Per camera, how well a fresh encoder reads the peg's alignment with the socket from one frame,
     on held-out episodes: in the last 5 cm before the tip enters the bore, and once it is in."""
-    store = EpisodeStore.open(args.dataset, mode="r")
-    cams = args.cameras or list(store.schema.image_keys)
-    n = store.n_episodes
-    if n <= TRAIN_EPISODES:
-        raise SystemExit(f"{args.dataset}: probes need more than {TRAIN_EPISODES} episodes (it has {n})")
-    state = np.asarray(store.read("obs/env_state"))
+    store, cams, n, state = probe_inputs(args)
     if state.shape[1] != 14:
         raise SystemExit(f"{args.dataset}: obs/env_state has {state.shape[1]} values, not Insertion's 14 (peg, socket)")
     tr, te = lifted_steps(store, state, range(TRAIN_EPISODES)), lifted_steps(store, state, range(TRAIN_EPISODES, n))
