@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import cpu_kind, make_console, table  # noqa: E402
 
 from robo_rl.data.store import EpisodeStore  # noqa: E402
+from robo_rl.sim.tasks.insertion import Insertion  # noqa: E402
 
 TRAIN_EPISODES = 40  # the rest of a 50-episode store is held out for the probes
 
@@ -177,16 +178,25 @@ def run_probe(args) -> None:
           ["camera", "probe", "xy cm (median)", "yaw deg", "xy cm, first 10 steps", "yaw deg, first 10 steps", "s"], rows)
 
 
-# Insertion: the peg must meet the socket's bore (1.7 cm of clearance each side) along its axis
-PEG_HALF_LEN, SOCKET_HALF_LEN = 0.07, 0.035  # sim/tasks/insertion.py
+# Insertion: the peg must meet the socket's bore (0.6 cm of clearance a side) along its axis
+PEG_HALF_LEN, SOCKET_HALF_LEN = Insertion.peg_half_len, Insertion.socket_half_len
 
 
 def rotation(quat: np.ndarray) -> np.ndarray:
-    """(..., 3, 3) rotation matrices from (..., 4) unit quaternions (w, x, y, z)."""
-    w, x, y, z = np.moveaxis(quat, -1, 0)
-    return np.stack([np.stack([1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)], -1),
-                     np.stack([2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)], -1),
-                     np.stack([2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)], -1)], -2)
+    """(n, 3, 3) rotation matrices from (n, 4) unit quaternions as MuJoCo stores them (w, x, y, z)."""
+    from scipy.spatial.transform import Rotation
+
+    return Rotation.from_quat(np.asarray(quat, dtype=np.float64)[..., [1, 2, 3, 0]]).as_matrix()
+
+
+def both_lifted(state: np.ndarray) -> np.ndarray:
+    """Per step of Insertion's env_state: both parts in the air (z > 5 cm, the task's `both_lifted`)."""
+    return (state[:, 2] > 0.05) & (state[:, 9] > 0.05)
+
+
+def outcome(store: EpisodeStore, e: int, reference: bool) -> str:
+    """The group an episode's row falls in: the reference demos all together, rollouts by success."""
+    return "all" if reference else ("succeeded" if store.meta(e).success else "failed")
 
 
 def peg_in_socket_frame(env_state: np.ndarray) -> np.ndarray:
@@ -210,13 +220,10 @@ def alignment_errors(pred: np.ndarray, target: np.ndarray) -> tuple[float, float
 
 
 def lifted_steps(store: EpisodeStore, state: np.ndarray, episodes: range) -> np.ndarray:
-    """Global step indices where both parts are in the air (z > 5 cm, the task's `both_lifted`):
-    the hands are bringing the peg to the bore or pushing it in."""
-    idx = []
-    for e in episodes:
-        s, end = store.episode_range(e)
-        idx.append(s + np.flatnonzero((state[s:end, 2] > 0.05) & (state[s:end, 9] > 0.05)))
-    return np.concatenate(idx)
+    """Global step indices where both parts are in the air: the hands are bringing the peg to the
+    bore or pushing it in."""
+    lifted = both_lifted(state)
+    return np.concatenate([s + np.flatnonzero(lifted[s:end]) for s, end in map(store.episode_range, episodes)])
 
 
 def run_align_probe(args) -> None:
@@ -272,12 +279,11 @@ def run_stuck(args) -> None:
             deepest = s + int(np.argmin(target[s:end, 0]))
             x, y, z, ay, az = target[deepest]
             robot.set_joint_positions(qpos[deepest])
-            hand_in_peg = rotation(state[deepest, 3:7]).T @ (robot.data.site_xpos[site] - state[deepest, :3])
+            hand_in_peg = rotation(state[deepest, 3:7][None])[0].T @ (robot.data.site_xpos[site] - state[deepest, :3])
             grip_from_tip = (hand_in_peg[0] + PEG_HALF_LEN) * 100
             pushing = float(np.abs(act[deepest, arm] - qpos[deepest, arm]).max())
-            lifted = bool(np.any((state[s:end, 2] > 0.05) & (state[s:end, 9] > 0.05)))
-            group = "all" if name.startswith("demos") else ("succeeded" if store.meta(e).success else "failed")
-            facts.setdefault(group, []).append((x * 100, math.hypot(y, z) * 100, math.degrees(math.asin(min(1.0, math.hypot(ay, az)))),
+            lifted = bool(both_lifted(state[s:end]).any())
+            facts.setdefault(outcome(store, e, path == args.dataset), []).append((x * 100, math.hypot(y, z) * 100, math.degrees(math.asin(min(1.0, math.hypot(ay, az)))),
                                                 x < SOCKET_HALF_LEN, end - deepest, lifted, grip_from_tip, pushing))
         for group, f in facts.items():
             a = np.array(f, dtype=float)
@@ -312,8 +318,7 @@ def run_handover(args) -> None:
             # the expert ramps its grippers: the release has begun once the closed command rises past 0.2
             opens = np.flatnonzero(r[right_closed[0]:] > 0.2) + right_closed[0] if len(right_closed) else np.array([])
             gap = (opens[0] - left_closes[0]) if len(left_closes) and len(opens) else np.nan
-            group = "all" if name.startswith("demos") else ("succeeded" if store.meta(e).success else "failed")
-            facts.setdefault(group, []).append((left_closes[0] if len(left_closes) else np.nan, gap, float(len(opens) > 0),
+            facts.setdefault(outcome(store, e, path == args.dataset), []).append((left_closes[0] if len(left_closes) else np.nan, gap, float(len(opens) > 0),
                                                 r[-1], lg[-1], state[end - 1, 2] * 100, end - s))
         for group, f in facts.items():
             a = np.array(f, dtype=float)
