@@ -17,6 +17,14 @@
 - `align` (Insertion): per camera, how well a fresh encoder reads the peg's alignment with the
   socket's bore (across it, along it, tilt) from one frame, near the mouth and inside the bore.
 - `stuck` (Insertion): where recorded rollouts leave the peg (depth, off-axis, tilt), against the demos.
+- `reach` (Insertion): per camera, how well a fresh encoder reads where the right hand is along
+  the peg and across it, from one frame of the approach before the gripper closes.
+- `aim` (Insertion): where the right hand is when its gripper closes, against where the expert grips
+  the peg, as a function of the peg's start offset from the demos' mean: how much of the peg's
+  offset, in x and in y, the aim follows (1: all of it, as the expert; 0: it aims at the mean).
+- `grip` (Insertion): how far from the peg's tip the right hand holds it once both parts are
+  lifted, rollouts grouped by outcome; and, as the reference, the scripted expert's own success
+  when told to grip the peg at each such distance (`collect grasp_along=`).
 - `handover` (TransferCube): when recorded rollouts close the left gripper and open the right one,
   and where the cube ends, against the demos.
 
@@ -25,6 +33,9 @@
     python bench/camera_diagnosis.py position --eval RUN/eval-last/eval.json
     python bench/camera_diagnosis.py align --dataset data/demos/insertion_cams
     python bench/camera_diagnosis.py stuck --dataset data/demos/insertion_cams --rollouts ROLLOUTS
+    python bench/camera_diagnosis.py reach --dataset data/demos/insertion_cams
+    python bench/camera_diagnosis.py aim --dataset data/demos/insertion_cams --rollouts ROLLOUTS
+    python bench/camera_diagnosis.py grip --rollouts ROLLOUTS [--grips 8 9 10 12]
     python bench/camera_diagnosis.py handover --dataset data/demos/transfer_cube_cams --rollouts ROLLOUTS
 """
 
@@ -257,6 +268,13 @@ def run_align_probe(args) -> None:
           "along cm, in bore", "tilt deg, in bore", "s"], rows)
 
 
+def grip_from_tip(robot, site: int, state: np.ndarray, qpos: np.ndarray) -> float:
+    """cm from the peg's tip to the right hand's grip point, measured along the peg's axis."""
+    robot.set_joint_positions(qpos)
+    hand_in_peg = rotation(state[3:7][None])[0].T @ (robot.data.site_xpos[site] - state[:3])
+    return float(hand_in_peg[0] + PEG_HALF_LEN) * 100
+
+
 def run_stuck(args) -> None:
     """Where Insertion's rollouts stop, from their recorded env_state, joints and commands: how deep
     the peg's tip got (the pin is at -2.8 cm in the socket's frame, the mouth at +3.5), how far off
@@ -278,13 +296,11 @@ def run_stuck(args) -> None:
             s, end = store.episode_range(e)
             deepest = s + int(np.argmin(target[s:end, 0]))
             x, y, z, ay, az = target[deepest]
-            robot.set_joint_positions(qpos[deepest])
-            hand_in_peg = rotation(state[deepest, 3:7][None])[0].T @ (robot.data.site_xpos[site] - state[deepest, :3])
-            grip_from_tip = (hand_in_peg[0] + PEG_HALF_LEN) * 100
+            grip = grip_from_tip(robot, site, state[deepest], qpos[deepest])
             pushing = float(np.abs(act[deepest, arm] - qpos[deepest, arm]).max())
             lifted = bool(both_lifted(state[s:end]).any())
             facts.setdefault(outcome(store, e, path == args.dataset), []).append((x * 100, math.hypot(y, z) * 100, math.degrees(math.asin(min(1.0, math.hypot(ay, az)))),
-                                                x < SOCKET_HALF_LEN, end - deepest, lifted, grip_from_tip, pushing))
+                                                x < SOCKET_HALF_LEN, end - deepest, lifted, grip, pushing))
         for group, f in facts.items():
             a = np.array(f, dtype=float)
             rows.append((f"{name}, {group}", len(a), f"{a[:, 5].mean():.0%}", f"{a[:, 3].mean():.0%}", f"{np.median(a[:, 0]):.1f}",
@@ -293,6 +309,133 @@ def run_stuck(args) -> None:
     show(f"where the peg's tip got to, in the socket's frame (medians; the pin at -2.8 cm, the mouth at +3.5 cm; {cpu_kind()})",
          ["episodes", "n", "both parts lifted", "tip entered the bore", "deepest tip x (cm)", "off the axis there (cm)",
           "tilt there (deg)", "steps after it", "hand from the tip (cm) [min, max]", "command - joints (rad)"], rows)
+
+
+def run_reach_probe(args) -> None:
+    """Per camera, how well a fresh encoder reads the right hand's position in the peg's frame (along
+    its axis, across it) from one frame, over the demos' steps before the right gripper closes, and
+    over the last 20 of them (the hand within a few cm of where it grips). A camera that sees only
+    part of a long bar can read across it, not along it."""
+    from robo_rl.sim.expert import grip_index
+    from robo_rl.sim.robot import SimRobot
+
+    store, cams, n, state = probe_inputs(args)
+    robot = SimRobot("insertion.xml", cameras=[])
+    site, grip = robot.model.site("right_ee").id, grip_index(robot.spec, "right")
+    qpos, act = np.asarray(store.read("obs/qpos")), np.asarray(store.read("action"))
+    steps, last = [], []
+    for e in range(n):
+        s, end = store.episode_range(e)
+        closes = s + int(np.flatnonzero(act[s:end, grip] < 0.5)[0])
+        steps.append(np.arange(s, closes))
+        last.append(np.arange(s, closes) >= closes - 20)
+    target = np.zeros((len(state), 2), np.float32)
+    for t in np.concatenate(steps):
+        robot.set_joint_positions(qpos[t])
+        target[t] = (rotation(state[t, 3:7][None])[0].T @ (robot.data.site_xpos[site] - state[t, :3]))[:2]
+    tr, te = np.concatenate(steps[:TRAIN_EPISODES]), np.concatenate(steps[TRAIN_EPISODES:])
+    near = np.concatenate(last[TRAIN_EPISODES:])
+    ytr, yte = target[tr], target[te]
+
+    def cells(pred: np.ndarray) -> tuple[str, ...]:
+        err = np.abs(pred - yte) * 100
+        return tuple(f"{np.median(err[part, i]):.2f}" for part in (slice(None), near) for i in (0, 1))
+
+    rows = [("(reference) the training mean", *cells(np.broadcast_to(ytr.mean(0), yte.shape)), "-")]
+    torch.set_num_threads(args.threads)
+    for key in cams:
+        frames = np.asarray(store.read(key))
+        t0 = time.perf_counter()
+        pred = train_probe(frames[tr], ytr, frames[te], args.steps, args.batch, args.crop_ratio, args.bf16, args.seed)
+        rows.append((f"{key} {frames.shape[1]}x{frames.shape[2]}", *cells(pred), f"{time.perf_counter() - t0:.0f}"))
+    show(f"where the right hand is on the peg before it grips, probes, {args.dataset} (fresh conv encoder per camera; "
+         f"train episodes 0-{TRAIN_EPISODES - 1}, held out {TRAIN_EPISODES}-{n - 1}: {len(te)} steps, {int(near.sum())} "
+         f"in the last 20 before the close; {args.steps} steps at batch {args.batch}; {cpu_kind()})",
+         ["camera", "along cm", "across cm", "along cm, last 20", "across cm, last 20", "s"], rows)
+
+
+def run_aim(args) -> None:
+    """Insertion's grasp aim, from recorded env_state, joints and commands: at the first step the right
+    gripper's command closes, the hand's xy offset from the expert's grip point (3 cm behind the peg's
+    centre along its axis), fitted as a linear function of the peg's start offset from the demos' mean
+    start. The slope per axis, plus one, is the share of the peg's offset the aim follows."""
+    from robo_rl.sim.expert import grip_index
+    from robo_rl.sim.robot import SimRobot
+
+    robot = SimRobot("insertion.xml", cameras=[])
+    site, grip = robot.model.site("right_ee").id, grip_index(robot.spec, "right")
+    demos = EpisodeStore.open(args.dataset, mode="r")
+    demo_state = np.asarray(demos.read("obs/env_state"))
+    mean_start = np.mean([demo_state[demos.episode_range(e)[0], :2] for e in range(demos.n_episodes)], axis=0)
+    rows = []
+    for name, path in (("demos (the expert)", args.dataset), ("rollouts", args.rollouts)):
+        store = EpisodeStore.open(path, mode="r")
+        state, qpos, act = (np.asarray(store.read(k)) for k in ("obs/env_state", "obs/qpos", "action"))
+        offsets, errors, never = [], [], 0
+        for e in range(store.n_episodes):
+            s, end = store.episode_range(e)
+            closes = np.flatnonzero(act[s:end, grip] < 0.5)
+            if not len(closes):
+                never += 1
+                continue
+            t = s + int(closes[0])
+            robot.set_joint_positions(qpos[t])
+            axis = rotation(state[t, 3:7][None])[0][:2, 0]
+            errors.append(robot.data.site_xpos[site][:2] - (state[t, :2] + 0.03 * axis))
+            offsets.append(state[s, :2] - mean_start)
+        d, err = np.array(offsets), np.array(errors)
+        slope, *_ = np.linalg.lstsq(np.c_[d, np.ones(len(d))], err, rcond=None)
+        rows.append((name, len(d), never, f"{d[:, 0].std() * 100:.1f} / {d[:, 1].std() * 100:.1f}",
+                     f"{np.median(np.abs(err[:, 0])) * 100:.1f} / {np.median(np.abs(err[:, 1])) * 100:.1f}",
+                     f"{1 + slope[0, 0]:.2f} / {1 + slope[1, 1]:.2f}"))
+    show(f"where the right hand closes on the peg, against the expert's grip point (x / y; {cpu_kind()})",
+         ["episodes", "closed", "never closed", "peg start offset std (cm)", "aim error, median |.| (cm)",
+          "share of the peg's offset the aim follows"], rows)
+
+
+def run_grip(args) -> None:
+    """Insertion's grip along the peg: where the policy's rollouts hold it (at the first step both
+    parts are in the air), and what the scripted expert makes of a grip at each distance from the
+    tip (its usual one is 10 cm): a reach the expert cannot finish is out of any demo's range."""
+    from robo_rl.sim.envs import BimanualEnv
+    from robo_rl.sim.expert import ExpertNoise
+    from robo_rl.sim.robot import SimRobot
+
+    t0, env, rows = time.perf_counter(), BimanualEnv("insertion"), []
+    for cm in args.grips:
+        shift = cm / 100 - (PEG_HALF_LEN + 0.03)  # the expert's usual grip: 3 cm behind the peg's centre
+        wins = 0
+        for seed in range(args.seed + 1000, args.seed + 1000 + args.expert_episodes):  # not the demos' seeds
+            env.reset(seed=seed)
+            expert = env.expert(ExpertNoise(grasp_along=(shift, shift)))
+            for _ in range(env.max_steps):
+                _, _, term, trunc, info = env.step(expert.act())
+                if term or trunc:
+                    break
+            wins += bool(info["success"])
+        rows.append((f"{cm:g}", f"{wins}/{args.expert_episodes}"))
+    env.close()
+    show(f"the scripted expert, told to grip the peg this far from its tip ({args.expert_episodes} seeds each, "
+         f"{time.perf_counter() - t0:.0f} s; {cpu_kind()})", ["grip from the tip (cm)", "expert succeeds"], rows)
+    if not args.rollouts:
+        return
+    robot = SimRobot("insertion.xml", cameras=[])
+    site, bins = robot.model.site("right_ee").id, [(0, 9), (9, 13), (13, 99)]
+    store = EpisodeStore.open(args.rollouts, mode="r")
+    state, qpos = (np.asarray(store.read(k)) for k in ("obs/env_state", "obs/qpos"))
+    groups: dict[str, list[float | None]] = {}
+    for e in range(store.n_episodes):
+        s, end = store.episode_range(e)
+        lifted = np.flatnonzero(both_lifted(state[s:end]))
+        grip = grip_from_tip(robot, site, state[s + lifted[0]], qpos[s + lifted[0]]) if len(lifted) else None
+        groups.setdefault(outcome(store, e, False), []).append(grip)
+    rows = []
+    for group, grips in sorted(groups.items()):
+        held = np.array([g for g in grips if g is not None])
+        rows.append((group, len(grips), *(int(((held >= lo) & (held < hi)).sum()) for lo, hi in bins),
+                     len(grips) - len(held), f"{np.median(held):.1f} [{held.min():.1f}, {held.max():.1f}]" if len(held) else "-"))
+    show(f"{args.rollouts}: where the right hand holds the peg once both parts are lifted (cm from its tip)",
+         ["episodes", "n", "under 9 cm", "9 to 13 cm", "13 cm or more", "never lifted", "median [min, max]"], rows)
 
 
 def run_handover(args) -> None:
@@ -472,7 +615,7 @@ def run_position(args) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("part", choices=["probe", "align", "stuck", "handover", "openloop", "position", "grasp"])
+    ap.add_argument("part", choices=["probe", "align", "reach", "stuck", "aim", "grip", "handover", "openloop", "position", "grasp"])
     ap.add_argument("--rollouts")
     ap.add_argument("--dataset")
     ap.add_argument("--checkpoint")
@@ -484,8 +627,10 @@ def main() -> None:
     ap.add_argument("--bf16", action="store_true")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--grips", type=float, nargs="*", default=[8, 8.5, 9, 9.5, 10, 11, 12, 13], help="grip: cm from the peg's tip")
+    ap.add_argument("--expert-episodes", type=int, default=12, help="grip: scripted episodes per distance")
     args = ap.parse_args()
-    {"probe": run_probe, "align": run_align_probe, "stuck": run_stuck, "handover": run_handover, "openloop": run_openloop, "position": run_position, "grasp": run_grasp}[args.part](args)
+    {"probe": run_probe, "align": run_align_probe, "reach": run_reach_probe, "stuck": run_stuck, "aim": run_aim, "grip": run_grip, "handover": run_handover, "openloop": run_openloop, "position": run_position, "grasp": run_grasp}[args.part](args)
 
 
 if __name__ == "__main__":

@@ -145,12 +145,14 @@ def test_cli_prints_one_line_no_traceback(tmp_path, filled_store):
         (("dataset", "merge", filled_store.location), "give out=PATH"),
         (("dataset", "frobnicate", "x"), "unknown dataset op"),
         (("flyaway",), "unknown verb"),
+        (("collect", "task=insertion", "grasp_along=[0.02,0.01]", f"out={tmp_path / 'g'}"), "grasp_along=[0.02, 0.01]"),
     ]:
         r = _cli(*args)
         assert r.returncode != 0, args
         assert "Traceback" not in r.stderr, r.stderr
         lines = [line for line in r.stderr.strip().splitlines() if line]
         assert len(lines) == 1 and needle in lines[0], (args, r.stderr)
+    assert not (tmp_path / "g").exists()
 
 
 def test_roboerror_is_the_base_of_every_user_error():

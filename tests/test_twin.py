@@ -117,6 +117,28 @@ def test_scripted_expert_succeeds_and_varies(task):
     assert len(set(lengths)) > 5, "demos should vary in length like human teleop"
 
 
+def test_insertion_expert_grips_the_peg_where_grasp_along_says_and_plans_the_same_demo_without_it():
+    """`collect grasp_along=` moves the right hand's grip along the peg's axis and nowhere else; a
+    fixed shift draws no random number, so the rest of each demo (its speed, offsets) stays as it was."""
+    from robo_rl.sim.tasks import body_yaw
+
+    env = BimanualEnv("insertion")
+    plans = {}
+    for along in [(0.0, 0.0), (0.02, 0.02), (-0.01, 0.02)]:
+        env.reset(seed=3)
+        expert = env.expert(ExpertNoise(grasp_along=along))
+        plans[along] = (expert.segments[0].right.pos.copy(), expert.speed)
+    yaw = body_yaw(env.robot, "peg")
+    axis = np.array([np.cos(yaw), np.sin(yaw), 0.0])
+    usual, usual_speed = plans[(0.0, 0.0)]
+    assert np.allclose(plans[(0.02, 0.02)][0] - usual, 0.02 * axis, atol=1e-9)
+    assert plans[(0.02, 0.02)][1] == usual_speed
+    moved = plans[(-0.01, 0.02)][0] - usual
+    assert -0.01 <= moved @ axis <= 0.02 and abs(moved @ axis) > 1e-6
+    assert np.allclose(moved, (moved @ axis) * axis, atol=1e-9)  # along the peg only
+    env.close()
+
+
 def test_collect_writes_a_store_with_replayable_initial_states(tmp_path):
     out = tmp_path / "demos"
     r = subprocess.run([sys.executable, "-m", "robo_rl.cli.main", "collect", "task=transfer_cube", "episodes=2",

@@ -28,6 +28,12 @@ def run(cfg: DictConfig) -> int:
         raise ConfigError(f"collect: episodes must be >= 1, got {cfg.episodes}")
     if cfg.noise not in ("human", "none"):
         raise ConfigError(f"collect: noise={cfg.noise!r}; choose human or none")
+    along = tuple(float(v) for v in cfg.grasp_along)
+    if len(along) != 2 or not -0.01 <= along[0] <= along[1] <= 0.03:
+        # nearer the tip than 9 cm the expert's own insertion fails; past 13 cm the fingers leave the peg
+        raise ConfigError(f"collect: grasp_along={list(cfg.grasp_along)}; give [low, high] with -0.01 <= low <= high <= 0.03 (metres)")
+    if along != (0.0, 0.0) and cfg.task != "insertion":
+        raise ConfigError(f"collect: grasp_along moves Insertion's grip on its peg; task={cfg.task} has no long part to grip")
     cameras = list(cfg.cameras or [])
     size = tuple(cfg.image_size)
     env, schema = recording_env(cfg.task, cameras, size)
@@ -38,6 +44,7 @@ def run(cfg: DictConfig) -> int:
         raise ConfigError(f"{out}: holds a different schema; pass overwrite=true or another out=") from None
     (out.parent / f"{out.name}.collect.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     noise = ExpertNoise() if cfg.noise == "human" else ExpertNoise.none()
+    noise.grasp_along = along
     max_tries = cfg.max_tries or 2 * cfg.episodes
     tries = kept = successes = 0
     lengths, t0 = [], time.perf_counter()

@@ -52,10 +52,18 @@ class ExpertNoise:
     pause_prob: float = 0.15  # chance of a pause after a segment
     pause_s: tuple[float, float] = (0.1, 0.5)
     joint_noise: float = 0.002  # rad, Gaussian on arm joint commands
+    grasp_along: tuple[float, float] = (0.0, 0.0)  # metres, uniform: a long part's grip moved along its axis (Insertion's peg)
 
     @classmethod
     def none(cls) -> "ExpertNoise":
         return cls(speed=(1.0, 1.0), segment_jitter=0.0, approach_offset=0.0, pause_prob=0.0, joint_noise=0.0)
+
+
+def grasp_along(rng: np.random.Generator, noise: ExpertNoise) -> float:
+    """How far from its usual point along a long part this demo grips it. Drawn only for a range,
+    so demos recorded without one keep their random stream (and stay the same episodes)."""
+    lo, hi = noise.grasp_along
+    return float(rng.uniform(lo, hi)) if hi > lo else float(lo)
 
 
 def _quat(rot: np.ndarray) -> np.ndarray:

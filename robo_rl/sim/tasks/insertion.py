@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from robo_rl.sim.expert import ExpertNoise, Pose, ScriptedExpert, Segment, approach_offset
+from robo_rl.sim.expert import ExpertNoise, Pose, ScriptedExpert, Segment, approach_offset, grasp_along
 from robo_rl.sim.robot import SimRobot
 from robo_rl.sim.tasks.geometry import (body_pos, body_yaw, finger_geoms, grasped, object_state, set_free_body,
                                         topdown, touching)
@@ -83,8 +83,9 @@ class Insertion:
         r_down = topdown(peg_yaw, r_rot[:, 1])
         l_down = topdown(sock_yaw, l_rot[:, 1])
         peg_axis = np.array([np.cos(peg_yaw), np.sin(peg_yaw), 0.0])
-        grip_on_peg = peg + 0.03 * peg_axis  # 10 cm from the tip: deeper than the socket, fingers stay clear
         o1, o2 = approach_offset(rng, noise), approach_offset(rng, noise)
+        # 10 cm from the tip: deeper than the socket, fingers stay clear; noise.grasp_along moves it
+        grip_on_peg = peg + (0.03 + grasp_along(rng, noise)) * peg_axis
         segs: list[Segment] = []
         if stage == 0:
             segs += [
