@@ -21,7 +21,8 @@
   the peg and across it, from one frame of the approach before the gripper closes.
 - `aim` (Insertion): where the right hand is when its gripper closes, against where the expert grips
   the peg, as a function of the peg's start offset from the demos' mean: how much of the peg's
-  offset, in x and in y, the aim follows (1: all of it, as the expert; 0: it aims at the mean).
+  offset, in x and in y, the aim follows (1: all of it, as the expert; 0: it aims at the mean);
+  with `--checkpoint`, what the policy's own frozen camera features say of the peg's x and y.
 - `grip` (Insertion): how far from the peg's tip the right hand holds it once both parts are
   lifted, rollouts grouped by outcome; and, as the reference, the scripted expert's own success
   when told to grip the peg at each such distance (`collect grasp_along=`).
@@ -34,7 +35,7 @@
     python bench/camera_diagnosis.py align --dataset data/demos/insertion_cams
     python bench/camera_diagnosis.py stuck --dataset data/demos/insertion_cams --rollouts ROLLOUTS
     python bench/camera_diagnosis.py reach --dataset data/demos/insertion_cams
-    python bench/camera_diagnosis.py aim --dataset data/demos/insertion_cams --rollouts ROLLOUTS
+    python bench/camera_diagnosis.py aim --dataset data/demos/insertion_cams --rollouts ROLLOUTS [--checkpoint RUN/checkpoints/last.pt]
     python bench/camera_diagnosis.py grip --rollouts ROLLOUTS [--grips 8 9 10 12]
     python bench/camera_diagnosis.py handover --dataset data/demos/transfer_cube_cams --rollouts ROLLOUTS
 """
@@ -391,6 +392,61 @@ def run_aim(args) -> None:
     show(f"where the right hand closes on the peg, against the expert's grip point (x / y; {cpu_kind()})",
          ["episodes", "closed", "never closed", "peg start offset std (cm)", "aim error, median |.| (cm)",
           "share of the peg's offset the aim follows"], rows)
+    aim_in_the_loss(demos, demo_state, robot, grip, mean_start)
+    if args.checkpoint:
+        features_probe(args, demos, demo_state)
+
+
+def aim_in_the_loss(demos: EpisodeStore, state: np.ndarray, robot, grip: int, mean_start: np.ndarray) -> None:
+    """How big the aim is in what the policy is trained on: per cm of the peg's start offset in x and
+    in y, how far the demos' right-arm command at the close moves in the policy's normalised action
+    units (min-max over the demos, to [-1, 1]); and each axis's share of that variance over the demos."""
+    from robo_rl.sim.expert import arm_slice
+
+    act = np.asarray(demos.read("action"))
+    lo, hi = act.min(0), act.max(0)
+    arm = arm_slice(robot.spec, "right")
+    at_close, offsets = [], []
+    for e in range(demos.n_episodes):
+        s, end = demos.episode_range(e)
+        t = s + int(np.flatnonzero(act[s:end, grip] < 0.5)[0])
+        at_close.append((2 * (act[t] - lo) / np.maximum(hi - lo, 1e-9) - 1)[arm])
+        offsets.append((state[s, :2] - mean_start) * 100)
+    d = np.array(offsets)
+    per_cm, *_ = np.linalg.lstsq(np.c_[d, np.ones(len(d))], np.array(at_close), rcond=None)
+    names = robot.spec.joint_names[arm]
+    rows = [(n, f"{per_cm[0, j]:+.3f}", f"{per_cm[1, j]:+.3f}", f"{hi[arm][j] - lo[arm][j]:.2f}") for j, n in enumerate(names)]
+    share = [(np.linalg.norm(per_cm[i]) * d[:, i].std()) ** 2 for i in (0, 1)]
+    rows.append(("all six (norm)", f"{np.linalg.norm(per_cm[0]):.3f}", f"{np.linalg.norm(per_cm[1]):.3f}",
+                 f"x's variance / y's: {share[0] / share[1]:.2f}"))
+    show("the aim in the loss: the demos' right-arm command at the close, per cm of the peg's start offset (normalised units)",
+         ["joint", "per cm of x", "per cm of y", "the joint's demo range (rad)"], rows)
+
+
+def features_probe(args, demos: EpisodeStore, state: np.ndarray) -> None:
+    """What the trained policy's own (frozen) camera features say of the peg's x and y while it rests
+    at its start pose: a linear (ridge) probe per camera and over all of them, on held-out demos."""
+    from robo_rl.policies import load_policy
+
+    policy = load_policy(args.checkpoint)
+    tr, _ = resting_steps(demos, state, range(TRAIN_EPISODES))
+    te, te_t = resting_steps(demos, state, range(TRAIN_EPISODES, demos.n_episodes))
+    ytr, yte, start = state[tr, :2], state[te, :2], te_t < 10
+
+    def cells(pred: np.ndarray) -> tuple[str, ...]:
+        err = np.abs(pred - yte) * 100
+        return tuple(f"{np.median(err[part, i]):.2f}" for part in (slice(None), start) for i in (0, 1))
+
+    rows, feats_tr, feats_te = [("(reference) the training mean", *cells(np.broadcast_to(ytr.mean(0), yte.shape)))], [], []
+    for key in policy.shapes.images:
+        frames = np.asarray(demos.read(key))
+        feats_tr.append(policy_features(policy, key, frames[tr]))
+        feats_te.append(policy_features(policy, key, frames[te]))
+        rows.append((key, *cells(ridge(feats_tr[-1], ytr, feats_te[-1]))))
+    rows.append(("all its cameras", *cells(ridge(np.concatenate(feats_tr, 1), ytr, np.concatenate(feats_te, 1)))))
+    show(f"the peg's start x and y from {args.checkpoint}'s frozen camera features (ridge; median |error| cm on "
+         f"held-out demos {TRAIN_EPISODES}-{demos.n_episodes - 1}, the peg at rest)",
+         ["features", "x", "y", "x, first 10 steps", "y, first 10 steps"], rows)
 
 
 def run_grip(args) -> None:

@@ -249,6 +249,21 @@ def test_joint_noise_and_dropout_act_only_while_training(tmp_path):
         make_policy("flow", {**opts, "lowdim_dropout": 1.0}, plain.shapes)
 
 
+def test_action_weights_scale_each_dimensions_share_of_the_loss(tmp_path):
+    """policy.action_weights multiplies each action dimension's squared error; none given is all 1,
+    and a checkpoint made before the option loads (the weights live in the config, not the weights file)."""
+    _, policy, _ = tiny_setup(tmp_path)
+    err = torch.randn(5, 8, 2)
+    plain = policy.body.per_sample_loss(err, {})
+    assert torch.allclose(plain, err.pow(2).mean((-1, -2)))
+    weighted = make_policy("flow", {**TINY, "action_weights": [0.0, 4.0]}, policy.shapes)
+    assert torch.allclose(weighted.body.per_sample_loss(err, {}), 2.0 * err[..., 1].pow(2).mean(-1))
+    assert "action_weights" not in weighted.state_dict()
+    weighted.load_state_dict(policy.state_dict())
+    with pytest.raises(ConfigError, match="action_weights has 3 values .* give 2 non-negative weights"):
+        make_policy("flow", {**TINY, "action_weights": [1, 1, 1]}, policy.shapes)
+
+
 def test_a_camera_the_store_lacks_is_named_with_the_cameras_it_has(tmp_path):
     store = smooth_store(tmp_path / "store", images=True)
     with pytest.raises(ConfigError, match=r"'obs/images/wrist': the dataset has no such camera; its cameras are \['obs/images/top'\]"):

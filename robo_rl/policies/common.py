@@ -118,6 +118,9 @@ class ChunkConfig:
     norm_mode: str = "minmax"   # action and low-dim normalisation (to [-1, 1])
     obs_min_span: float = 0.05  # floor on an observation dim's range (m, rad) before scaling it to [-1, 1]
     mask_padded_actions: bool = False  # False: learn to hold the last action past an episode's end
+    # per action dimension, a weight on its share of the loss (empty: all 1). For an arm whose joints
+    # also make the episode's large moves, a few cm of aim are a small part of their normalised range.
+    action_weights: tuple[float, ...] = ()
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None):
@@ -129,6 +132,8 @@ class ChunkConfig:
         for key in ("down_dims", "conv_channels"):
             if d.get(key) is not None:
                 d[key] = tuple(int(x) for x in d[key])
+        if d.get("action_weights") is not None:
+            d["action_weights"] = tuple(float(x) for x in d["action_weights"])
         cfg = cls(**d)
         cfg.validate()
         return cfg
@@ -192,6 +197,12 @@ class ChunkBody(nn.Module):
         self.action_norm = TensorNormalizer(shapes.action_dim, get(shapes.action_key), cfg.norm_mode)
         self.encoder = ObsEncoder(shapes.lowdim, shapes.images, cfg.n_obs, cfg.obs_dim, cfg.image_feature_dim,
                                   cfg.image_width, cfg.crop_ratio, cfg.image_encoder, cfg.conv_channels)
+        weights = cfg.action_weights or (1.0,) * shapes.action_dim
+        if len(weights) != shapes.action_dim or min(weights) < 0:
+            raise ConfigError(f"policy.action_weights has {len(weights)} values {list(weights)}; give {shapes.action_dim} "
+                              f"non-negative weights, one per action dimension of {shapes.action_key}")
+        # not saved in checkpoints: the config is, and a checkpoint from before this option loads as it was
+        self.register_buffer("action_weights", torch.tensor(weights, dtype=torch.float32), persistent=False)
         if cfg.backbone == "unet":
             self.net = ConditionalUnet1D(shapes.action_dim, cfg.obs_dim, cfg.down_dims, cfg.kernel)
         elif cfg.backbone == "mlp":
@@ -262,7 +273,7 @@ class ChunkBody(nn.Module):
         """Mean squared error per sample (B). Padded actions past the end of an episode that was cut
         short never count (its future is unknown); past a finished episode's end they count unless
         `mask_padded_actions`."""
-        sq = err.pow(2).mean(-1)  # B H
+        sq = (err.pow(2) * self.action_weights).mean(-1)  # B H
         skip = batch.get("action_is_cut")
         if self.cfg.mask_padded_actions and "action_is_pad" in batch:
             skip = batch["action_is_pad"]
