@@ -238,6 +238,20 @@ def lifted_steps(store: EpisodeStore, state: np.ndarray, episodes: range) -> np.
     return np.concatenate([s + np.flatnonzero(lifted[s:end]) for s, end in map(store.episode_range, episodes)])
 
 
+def fresh_probe_rows(args, store: EpisodeStore, cams: list[str], tr: np.ndarray, te: np.ndarray, ytr: np.ndarray,
+                     cells, guess: np.ndarray) -> list[tuple]:
+    """The reference row (`guess`), then a row per camera: a fresh conv encoder trained on the frames
+    of steps `tr` to regress `ytr`, its predictions on steps `te` scored by `cells`, and its seconds."""
+    rows = [("(reference) the training mean", *cells(guess), "-")]
+    torch.set_num_threads(args.threads)
+    for key in cams:
+        frames = np.asarray(store.read(key))
+        t0 = time.perf_counter()
+        pred = train_probe(frames[tr], ytr, frames[te], args.steps, args.batch, args.crop_ratio, args.bf16, args.seed)
+        rows.append((f"{key} {frames.shape[1]}x{frames.shape[2]}", *cells(pred), f"{time.perf_counter() - t0:.0f}"))
+    return rows
+
+
 def run_align_probe(args) -> None:
     """Per camera, how well a fresh encoder reads the peg's alignment with the socket from one frame,
     on held-out episodes: in the last 5 cm before the tip enters the bore, and once it is in."""
@@ -255,13 +269,7 @@ def run_align_probe(args) -> None:
         return tuple(f"{v:.2f}" if i < 2 else f"{v:.1f}" for part in (at_mouth, inside)
                      for i, v in enumerate(alignment_errors(pred[part], yte[part])))
 
-    rows = [("(reference) the training mean", *cells(guess), "-")]
-    torch.set_num_threads(args.threads)
-    for key in cams:
-        frames = np.asarray(store.read(key))
-        t0 = time.perf_counter()
-        pred = train_probe(frames[tr], ytr, frames[te], args.steps, args.batch, args.crop_ratio, args.bf16, args.seed)
-        rows.append((f"{key} {frames.shape[1]}x{frames.shape[2]}", *cells(pred), f"{time.perf_counter() - t0:.0f}"))
+    rows = fresh_probe_rows(args, store, cams, tr, te, ytr, cells, guess)
     show(f"peg-in-socket alignment probes, {args.dataset} (fresh conv encoder per camera; train episodes "
          f"0-{TRAIN_EPISODES - 1}, held out {TRAIN_EPISODES}-{n - 1}: {int(at_mouth.sum())} steps within 5 cm of the mouth, "
          f"{int(inside.sum())} in it; {args.steps} steps at batch {args.batch}; {cpu_kind()})",
@@ -342,13 +350,7 @@ def run_reach_probe(args) -> None:
         err = np.abs(pred - yte) * 100
         return tuple(f"{np.median(err[part, i]):.2f}" for part in (slice(None), near) for i in (0, 1))
 
-    rows = [("(reference) the training mean", *cells(np.broadcast_to(ytr.mean(0), yte.shape)), "-")]
-    torch.set_num_threads(args.threads)
-    for key in cams:
-        frames = np.asarray(store.read(key))
-        t0 = time.perf_counter()
-        pred = train_probe(frames[tr], ytr, frames[te], args.steps, args.batch, args.crop_ratio, args.bf16, args.seed)
-        rows.append((f"{key} {frames.shape[1]}x{frames.shape[2]}", *cells(pred), f"{time.perf_counter() - t0:.0f}"))
+    rows = fresh_probe_rows(args, store, cams, tr, te, ytr, cells, np.broadcast_to(ytr.mean(0), yte.shape))
     show(f"where the right hand is on the peg before it grips, probes, {args.dataset} (fresh conv encoder per camera; "
          f"train episodes 0-{TRAIN_EPISODES - 1}, held out {TRAIN_EPISODES}-{n - 1}: {len(te)} steps, {int(near.sum())} "
          f"in the last 20 before the close; {args.steps} steps at batch {args.batch}; {cpu_kind()})",
