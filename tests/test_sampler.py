@@ -71,7 +71,7 @@ def test_padding_past_a_cut_episode_is_flagged_and_not_learned(tmp_path, schema)
     err[:, 4:] = 10.0  # large errors on the last four steps
     pad = torch.zeros(4, 8, dtype=torch.bool)
     pad[:, 4:] = True
-    body = type("B", (), {"cfg": Cfg()})()
+    body = type("B", (), {"cfg": Cfg(), "action_weights": torch.ones(2)})()  # every action dimension weighted 1
     held = ChunkBody.per_sample_loss(body, err, {"action_is_pad": pad, "action_is_cut": torch.zeros_like(pad)})
     cut = ChunkBody.per_sample_loss(body, err, {"action_is_pad": pad, "action_is_cut": pad})
     assert torch.allclose(held, torch.full((4,), 50.5)) and torch.allclose(cut, torch.ones(4))
