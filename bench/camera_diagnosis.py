@@ -191,7 +191,7 @@ def run_probe(args) -> None:
 
 
 # Insertion: the peg must meet the socket's bore (0.6 cm of clearance a side) along its axis
-PEG_HALF_LEN, SOCKET_HALF_LEN = Insertion.peg_half_len, Insertion.socket_half_len
+PEG_HALF_LEN, SOCKET_HALF_LEN, GRIP_BEHIND_CENTRE = Insertion.peg_half_len, Insertion.socket_half_len, Insertion.grip_behind_centre
 
 
 def rotation(quat: np.ndarray) -> np.ndarray:
@@ -384,7 +384,7 @@ def run_aim(args) -> None:
             t = s + int(closes[0])
             robot.set_joint_positions(qpos[t])
             axis = rotation(state[t, 3:7][None])[0][:2, 0]
-            errors.append(robot.data.site_xpos[site][:2] - (state[t, :2] + 0.03 * axis))
+            errors.append(robot.data.site_xpos[site][:2] - (state[t, :2] + GRIP_BEHIND_CENTRE * axis))
             offsets.append(state[s, :2] - mean_start)
         d, err = np.array(offsets), np.array(errors)
         slope, *_ = np.linalg.lstsq(np.c_[d, np.ones(len(d))], err, rcond=None)
@@ -455,22 +455,15 @@ def run_grip(args) -> None:
     """Insertion's grip along the peg: where the policy's rollouts hold it (at the first step both
     parts are in the air), and what the scripted expert makes of a grip at each distance from the
     tip (its usual one is 10 cm): a reach the expert cannot finish is out of any demo's range."""
-    from robo_rl.sim.envs import BimanualEnv
     from robo_rl.sim.expert import ExpertNoise
+    from robo_rl.sim.recording import expert_episode, recording_env
     from robo_rl.sim.robot import SimRobot
 
-    t0, env, rows = time.perf_counter(), BimanualEnv("insertion"), []
+    t0, (env, _), rows = time.perf_counter(), recording_env("insertion"), []
     for cm in args.grips:
-        shift = cm / 100 - (PEG_HALF_LEN + 0.03)  # the expert's usual grip: 3 cm behind the peg's centre
-        wins = 0
-        for seed in range(args.seed + 1000, args.seed + 1000 + args.expert_episodes):  # not the demos' seeds
-            env.reset(seed=seed)
-            expert = env.expert(ExpertNoise(grasp_along=(shift, shift)))
-            for _ in range(env.max_steps):
-                _, _, term, trunc, info = env.step(expert.act())
-                if term or trunc:
-                    break
-            wins += bool(info["success"])
+        shift = cm / 100 - (PEG_HALF_LEN + GRIP_BEHIND_CENTRE)  # from the expert's usual grip
+        seeds = range(args.seed + 1000, args.seed + 1000 + args.expert_episodes)  # not the demos' seeds
+        wins = sum(expert_episode(env, seed, ExpertNoise(grasp_along=(shift, shift)))[1] for seed in seeds)
         rows.append((f"{cm:g}", f"{wins}/{args.expert_episodes}"))
     env.close()
     show(f"the scripted expert, told to grip the peg this far from its tip ({args.expert_episodes} seeds each, "

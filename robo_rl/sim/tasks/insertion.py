@@ -35,6 +35,7 @@ class Insertion:
     meet_z: float = 0.2
     socket_half_len: float = 0.035
     peg_half_len: float = 0.07
+    grip_behind_centre: float = 0.03  # the expert grips the peg 10 cm from its tip: deeper than the socket, fingers stay clear
 
     def reset(self, robot: SimRobot, rng: np.random.Generator) -> None:
         set_free_body(robot, "peg", np.array([rng.uniform(*self.peg_x), rng.uniform(*self.y_range), 0.011]),
@@ -84,8 +85,7 @@ class Insertion:
         l_down = topdown(sock_yaw, l_rot[:, 1])
         peg_axis = np.array([np.cos(peg_yaw), np.sin(peg_yaw), 0.0])
         o1, o2 = approach_offset(rng, noise), approach_offset(rng, noise)
-        # 10 cm from the tip: deeper than the socket, fingers stay clear; noise.grasp_along moves it
-        grip_on_peg = peg + (0.03 + grasp_along(rng, noise)) * peg_axis
+        grip_on_peg = peg + (self.grip_behind_centre + grasp_along(rng, noise)) * peg_axis
         segs: list[Segment] = []
         if stage == 0:
             segs += [
