@@ -65,7 +65,8 @@ def run_row(run: Path) -> dict | None:
             "lifted": ev.get("reach_lifted_by_right", ev.get("reach_both_lifted"))}
 
 
-def plot(rows: list[dict], path: Path, cpu: str) -> None:
+def plot(rows: list[dict], path: Path, cpu: str, peer: list[dict] | None = None, peer_name: str = "") -> None:
+    """Success against minutes, a colour per task; `peer` (bench/peer_act.py's rows) dashed in the same colour."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -79,6 +80,10 @@ def plot(rows: list[dict], path: Path, cpu: str) -> None:
                            capsize=3, linestyle="none", label=f"{task} (a point per training seed)")
         budgets = sorted(set(x))  # the line joins each budget's mean over seeds
         ax.plot(budgets, [np.mean([b for a, b in zip(x, y) if a == m]) for m in budgets], color=bars[0].get_color())
+        theirs = sorted((r["budget_min"], r["success"] * 100) for r in peer or [] if r["task"] == task)
+        if theirs:
+            ax.plot(*zip(*theirs), marker="s", linestyle="--", fillstyle="none", color=bars[0].get_color(),
+                    label=f"{task}: {peer_name}")
     ax.set_xscale("log", base=2)
     ax.set_xticks(sorted({r["budget_min"] for r in rows}), [f"{m:g}" for m in sorted({r["budget_min"] for r in rows})])
     threads = sorted({r["threads"] for r in rows})
@@ -87,7 +92,7 @@ def plot(rows: list[dict], path: Path, cpu: str) -> None:
     ax.set_ylim(0, 100)
     ax.set_title(f"camera policies, 50 demos\n{cpu}", fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

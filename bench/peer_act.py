@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from camera_curve import CAMERAS, curve_arguments, demos_for, robo_rl, run_row  # noqa: E402
+from camera_curve import CAMERAS, curve_arguments, demos_for, plot, robo_rl, run_row  # noqa: E402
 from common import cpu_kind, make_console, table  # noqa: E402
 
 WORKER = Path(__file__).resolve().parent / "peer_act_worker.py"
@@ -169,8 +169,8 @@ def main() -> None:
             for p in procs:
                 p.wait()
     cpu = cpu_kind()
-    ours = {(r["task"], r["budget_min"]): r for r in (run_row(p) for p in sorted(args.ours.glob("*min"))
-                                                       if p.is_dir()) if r}
+    ours_all = [r for r in (run_row(p) for p in sorted(args.ours.glob("*min*")) if p.is_dir()) if r]
+    ours = {(r["task"], r["budget_min"]): r for r in ours_all if r["seed"] == 0}
     t = table(f"camera policies, 50 demos, 100 unseen seeds: ours against LeRobot's ACT (backbone from scratch), {cpu}",
               ["task", "minutes", "ours [95%] (steps)", "ACT, 100-action chunks [95%] (steps)",
                "ACT, temporal ensembling [95%]"])
@@ -182,6 +182,10 @@ def main() -> None:
         t.add_row(task, f"{m:g}", fmt(ours.get((task, m))), fmt(act.get((task, m, "chunk100"))),
                   fmt(act.get((task, m, "ensemble")), steps=False))
     make_console().print(t)
+    if ours_all:
+        plot(ours_all, args.out / "peer.png", cpu, [r for r in act.values() if r["execution"] == "chunk100"],
+             "LeRobot's ACT, backbone from scratch")
+        print(f"plot: {args.out / 'peer.png'}")
     (args.out / "peer.json").write_text(json.dumps({"cpu": cpu, "ours": list(ours.values()),
                                                     "act": list(act.values())}, indent=1))
 
