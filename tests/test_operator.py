@@ -57,6 +57,26 @@ def test_dropped_cube_is_recovered_then_corrected_then_the_episode_ends():
     assert np.abs(actions[first] - actions[first - 1])[ARM_JOINTS].max() < 0.03
 
 
+def test_a_recovery_leaves_an_arm_the_task_never_uses_where_it_is():
+    """PackCube without its lid: the cube is dropped mid-carry; the recovery lifts the right hand
+    away and back to the cube, and the left arm, which the task never moves, keeps its command
+    (lifted with the right, it stayed up through the correction, which the demos never show)."""
+    def drop_cube(env, a, k):
+        if env.task.stage(env.robot) == 1:
+            a = a.copy()
+            a[13] = 1.0
+        return a
+
+    env, ctl, labels, actions, info = run("pack_cube_nolid", drop_cube, steps=900)
+    assert "regressed" in ctl.interventions[0].reason and ctl.interventions[0].recovery_steps > 20
+    operated = np.array([lab in (Segment.RECOVERY, Segment.CORRECTION) for lab in labels])
+    first = int(np.argmax(operated))
+    left, right = slice(0, 6), slice(7, 13)
+    assert np.abs(actions[operated][:, left] - actions[first - 1, left]).max() < 0.02, "the idle left arm moved"  # the jitter of the demos (0.002 rad), no lift
+    assert np.abs(actions[operated][:, right] - actions[first - 1, right]).max() > 0.1, "the right arm recovered"
+    assert info["stage"] >= 2
+
+
 def test_a_policy_that_stalls_is_taken_over_for_lack_of_progress():
     frozen = {}
 

@@ -292,8 +292,12 @@ def test_the_demo_runs_the_whole_story_at_toy_size(tmp_path):
     assert rac["finetune"]["stores"] == [str(out / "demos"), str(out / "interventions" / "round1")]
     assert rac["step"] == 10
     assert res["control_is_pretraining"] and res["control"] == res["before"] and not (out / "control").exists()
+    # full=auto on a machine without CUDA: the CPU sizes, and their task
+    assert res["task"] == "pack_cube_nolid" and "pack_cube_nolid at CPU sizes" in r.stdout
     r = _cli("demo", "small.demos=0", f"out={out}")
     assert r.returncode == 2 and r.stderr.startswith("error:")
+    r = _cli("demo", "full=maybe", f"out={tmp_path / 'bad'}")
+    assert r.returncode == 2 and "full='maybe'" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     out2 = tmp_path / "demo-finetune"
     r = _cli("demo", "small.demos=2", "small.pretrain_steps=10", "small.episodes_per_round=2", "small.finetune_steps=5",
              "small.eval_episodes=2", "n_envs=2", "threads=1", "videos=0", "from_scratch=false", f"out={out2}")

@@ -246,6 +246,12 @@ class SimOperator:
         if self._regressed:
             kept = {arm for arm, geom in env.task.grasp_targets(stage) if touching_any_finger(robot, geom, arm)} - holding
         holding |= kept
+        # An arm that the rest of the task never moves (PackCube without its lid: the left arm) stays
+        # where it is. Lifted away, it stayed up for the whole correction, the demos never move it,
+        # and a retrain on those rounds fell to 0%. (Planned with an rng of its own: which arms a
+        # plan moves does not depend on its draws, and the operator's stream stays as it was.)
+        rest = env.task.expert(robot, np.random.default_rng(0), ExpertNoise.none()).segments
+        idle = {arm for arm in ARMS if all(getattr(seg, arm) is None for seg in rest)} - holding
         reference: dict[str, Segment | None] = {}
 
         def pregrasp(arm: str):
@@ -271,10 +277,13 @@ class SimOperator:
                 return Pose(pos + [0, 0, self.cfg.lift_m], rot, 0.0 if arm in holding else 1.0)
             return target
 
+        def moved(make, arm: str):  # an idle arm's target is None: it holds its last command
+            return None if arm in idle else make(arm)
+
         segs = [
-            Segment("recovery_release", 0.4, left=release("left"), right=release("right")),
-            Segment("recovery_lift", 0.8, left=lift("left"), right=lift("right")),
-            Segment("recovery_pregrasp", 1.0, left=pregrasp("left"), right=pregrasp("right")),
+            Segment("recovery_release", 0.4, left=moved(release, "left"), right=moved(release, "right")),
+            Segment("recovery_lift", 0.8, left=moved(lift, "left"), right=moved(lift, "right")),
+            Segment("recovery_pregrasp", 1.0, left=moved(pregrasp, "left"), right=moved(pregrasp, "right")),
         ]
         return ScriptedExpert(robot, segs, self.rng, ExpertNoise.none(), start_command=start)
 

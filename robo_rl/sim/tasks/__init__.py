@@ -20,7 +20,7 @@ from robo_rl.sim.tasks.geometry import (TABLE_Z, body_pos, body_yaw, face_aligne
                                         geom_ids, grasped, nearer, object_state, pointing_down, set_free_body, topdown,
                                         touching, touching_any_finger)
 from robo_rl.sim.tasks.insertion import Insertion
-from robo_rl.sim.tasks.pack_cube import PackCube
+from robo_rl.sim.tasks.pack_cube import PackCube, PackCubeNoLid
 from robo_rl.sim.tasks.transfer_cube import TransferCube
 
 
@@ -58,6 +58,7 @@ TASKS = {
     "transfer_cube": TransferCube,
     "insertion": Insertion,
     "pack_cube": PackCube,
+    "pack_cube_nolid": PackCubeNoLid,
 }
 
 
@@ -70,7 +71,7 @@ def make_task(name: str) -> Task:
 
 
 __all__ = [
-    "Task", "Disturbances", "TASKS", "make_task", "TransferCube", "Insertion", "PackCube",
+    "Task", "Disturbances", "TASKS", "make_task", "TransferCube", "Insertion", "PackCube", "PackCubeNoLid",
     "TABLE_Z", "body_pos", "body_yaw", "set_free_body", "object_state", "free_body_state", "geom_ids", "touching",
     "finger_geoms", "grasped", "touching_any_finger", "face_aligned", "topdown", "nearer", "pointing_down",
 ]
