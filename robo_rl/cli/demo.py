@@ -1,7 +1,7 @@
 """robo-rl demo (make demo): the whole story on the long-horizon task, on a laptop CPU.
 
 1. teleop: the scripted expert (the twin's stand-in for a human on leader arms) records demos of
-   PackCube through the background Recorder;
+   the task (PackCube, or PackCube without its lid at CPU sizes) through the background Recorder;
 2. pre-train a flow action-chunk policy on them and evaluate it in the twin;
 3. RaC: the policy drives, the simulated operator takes over when failure looks imminent
    (recovery, then correction, then the episode ends); every step is labelled;
@@ -14,8 +14,8 @@
    after RaC) with 95% Wilson intervals, a plot and a rollout video of each under `out`.
 
 `full=auto` (the default) runs the GPU sizes where CUDA is available (PackCube, 200 demos, 30k
-steps at batch 256) and the CPU sizes elsewhere (PackCube without its lid, 50 demos, 7000 steps). `robo-rl rac` runs the longer
-comparison (HG-DAgger, more expert demos, several rounds).
+steps at batch 256) and the CPU sizes elsewhere (PackCube without its lid, 50 demos, 7000
+steps). `robo-rl rac` runs the longer comparison (HG-DAgger, more expert demos, several rounds).
 """
 
 from __future__ import annotations

@@ -126,14 +126,20 @@ class PackCube:
     def grasp_targets(self, stage: int) -> list[tuple[str, str]]:
         return {0: [("right", "cube")], 1: [("right", "cube")], 2: [("left", "lid_handle")], 3: [("left", "lid_handle")]}.get(stage, [])
 
+    def latched(self, robot: SimRobot) -> bool:
+        return bool(robot.data.joint("button").qpos[0] < self.latch_q)
+
     def stage(self, robot: SimRobot) -> int:
         if self.cube_in_box(robot):
-            if self.lid_seated(robot):
-                return 5 if robot.data.joint("button").qpos[0] < self.latch_q else 4
-            return 3 if self.lid_lifted(robot) else 2
+            return self._stage_with_cube_in_box(robot)
         if grasped(robot, "cube", "right") and body_pos(robot, "cube")[2] > 0.04:
             return 1
         return 0
+
+    def _stage_with_cube_in_box(self, robot: SimRobot) -> int:
+        if self.lid_seated(robot):
+            return 5 if self.latched(robot) else 4
+        return 3 if self.lid_lifted(robot) else 2
 
     # -- the expert, planned from whatever stage the scene is in
     def expert(self, robot: SimRobot, rng: np.random.Generator, noise: ExpertNoise | None = None,
@@ -239,12 +245,8 @@ class PackCubeNoLid(PackCube):
     def grasp_targets(self, stage: int) -> list[tuple[str, str]]:
         return {0: [("right", "cube")], 1: [("right", "cube")]}.get(stage, [])
 
-    def stage(self, robot: SimRobot) -> int:
-        if self.cube_in_box(robot):
-            return 3 if robot.data.joint("button").qpos[0] < self.latch_q else 2
-        if grasped(robot, "cube", "right") and body_pos(robot, "cube")[2] > 0.04:
-            return 1
-        return 0
+    def _stage_with_cube_in_box(self, robot: SimRobot) -> int:
+        return 3 if self.latched(robot) else 2
 
     def expert(self, robot: SimRobot, rng: np.random.Generator, noise: ExpertNoise | None = None,
                start_command: np.ndarray | None = None) -> ScriptedExpert:
