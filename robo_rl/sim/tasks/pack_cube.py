@@ -234,7 +234,7 @@ class PackCubeNoLid(PackCube):
     `robo-rl demo` (issue 41). With 50 demos and a few CPU minutes, imitation puts the cube in the
     box whenever it does not slip, but seats the lid in only about half of those episodes, a
     shortfall of data and compute that no recovery fixes. Without the lid, what imitation leaves
-    undone is the slips alone, the failure RaC's recoveries teach. The lid stays in the scene
+    undone is mostly the slips, the failure RaC's recoveries teach. The lid stays in the scene
     where it was put, untouched; slips as in PackCube."""
 
     name: str = "pack_cube_nolid"
