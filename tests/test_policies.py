@@ -617,6 +617,26 @@ def test_flow_policy_overfits_one_demo_and_replays_it(tmp_path):
     assert err < 0.05, f"mean joint deviation from the demo {err:.3f}"
 
 
+def test_an_evaluation_depends_on_its_seed_alone_and_leaves_the_callers_random_stream(tmp_path):
+    """demo, rac and train evaluate after training has drawn from torch's generator; their rows must
+    still be what robo-rl eval gives on the same checkpoint and seeds (issue 41 found them apart)."""
+    from robo_rl.sim.evaluate import run_eval
+
+    torch.manual_seed(0)
+    policy = make_policy("flow", TINY_MLP, ObsShapes({"obs/qpos": 14}, {}, 14)).eval()  # untrained: its noise shows
+    actions = []
+    for caller_seed in (1, 2):
+        torch.manual_seed(caller_seed)
+        expected_next = torch.rand(3)
+        torch.manual_seed(caller_seed)
+        run_eval(policy, "transfer_cube", {"n_action_steps": 4}, episodes=2, n_envs=2, seed=7, videos=0, out=None,
+                 max_steps=12, progress=False, record=str(tmp_path / f"rollouts{caller_seed}"))
+        assert torch.equal(torch.rand(3), expected_next), "the evaluation moved the caller's random stream"
+        store = EpisodeStore.open(tmp_path / f"rollouts{caller_seed}")
+        actions.append(np.concatenate([store.episode(i, ["action"])["action"] for i in range(2)]))
+    np.testing.assert_array_equal(actions[0], actions[1])
+
+
 # --------------------------------------------------------------------------- the commands
 def _cli(*args, timeout=600):
     env = {**os.environ, "MUJOCO_GL": "egl", "TQDM_DISABLE": "1"}

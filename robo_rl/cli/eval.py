@@ -38,7 +38,6 @@ def run(cfg: DictConfig) -> int:
     overrides = OmegaConf.to_container(cfg.chunking, resolve=True) if cfg.chunking else {}
     chunking.update({k: v for k, v in overrides.items() if v is not None})
     out = Path(cfg.out) if cfg.out else path.parent.parent / f"eval-{path.stem}"
-    torch.manual_seed(int(cfg.seed))
     # --- issue 7: value-guided chunk selection (critic=PATH) and rollout recording (record=PATH) ---
     predict, guided = predictor(policy, cfg.inference_steps), None
     if cfg.critic:

@@ -19,6 +19,20 @@ def run_eval(policy: Any, task: str, chunking: Mapping[str, Any], episodes: int,
              videos: int, out: Path | None, inference_steps: int | None = None, max_steps: int | None = None,
              progress: bool = True, count_recoveries: bool = False, predict: Any = None, record: str | None = None,
              disturb: bool = True):
+    import torch
+
+    # The policy's sampling noise is drawn from a generator seeded by the evaluation seed alone, so an
+    # evaluation inside demo, rac or train gives what robo-rl eval gives on the same checkpoint and
+    # seeds, whatever the caller drew before; the caller's own random stream is left as it was.
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        return _run_eval(policy, task, chunking, episodes, n_envs, seed, videos, out, inference_steps, max_steps,
+                         progress, count_recoveries, predict, record, disturb)
+
+
+def _run_eval(policy, task, chunking, episodes, n_envs, seed, videos, out, inference_steps, max_steps, progress,
+              count_recoveries, predict, record, disturb):
     from robo_rl.runtime.chunking import ChunkingConfig
     from robo_rl.sim.rollout import evaluate_policy
 
