@@ -28,6 +28,9 @@
   when told to grip the peg at each such distance (`collect grasp_along=`).
 - `handover` (TransferCube): when recorded rollouts close the left gripper and open the right one,
   and where the cube ends, against the demos.
+- `latch` (PackCube, either variant; any policy): after the cube is in the box, where the right
+  hand goes relative to the latch button and how deep the button goes, rollouts that latched
+  (the reference, in the same store) against those that ran out of time with the cube in the box.
 
     python bench/camera_diagnosis.py probe --dataset data/demos/tc_cams [--checkpoint RUN/checkpoints/last.pt]
     python bench/camera_diagnosis.py openloop --dataset data/demos/tc_cams --checkpoint RUN/checkpoints/last.pt
@@ -38,6 +41,7 @@
     python bench/camera_diagnosis.py aim --dataset data/demos/insertion_cams --rollouts ROLLOUTS [--checkpoint RUN/checkpoints/last.pt]
     python bench/camera_diagnosis.py grip --rollouts ROLLOUTS [--grips 8 9 10 12]
     python bench/camera_diagnosis.py handover --dataset data/demos/transfer_cube_cams --rollouts ROLLOUTS
+    python bench/camera_diagnosis.py latch --rollouts ROLLOUTS     # ROLLOUTS: robo-rl eval ... record=ROLLOUTS
 """
 
 from __future__ import annotations
@@ -524,6 +528,57 @@ def run_handover(args) -> None:
           "left's last command", "cube z at the end (cm)", "length"], rows)
 
 
+def run_latch(args) -> None:
+    """PackCube's last sub-task, from recorded rollouts (robo-rl eval record=): for every episode that
+    put the cube in the box, from that step on, how close the right hand's end effector came to the
+    latch button (horizontally), how low it got over the button's top while within 2 cm of it, how
+    deep the button went (it latches past `latch_q`), and how long it took. The button stands on the
+    table (its depth is env_state's last value), the hand comes from the recorded joints."""
+    import mujoco
+
+    from robo_rl.sim.envs import BimanualEnv
+
+    store = EpisodeStore.open(args.rollouts, mode="r")
+    task_name = store.meta(0).task
+    env = BimanualEnv(task_name, obs_mode="state")
+    robot, task = env.robot, env.task
+    in_box, latched = task.stage_names.index("cube_in_box"), task.stage_names.index("latched")
+    site = robot.model.site("right_ee").id
+    stage, state, qpos = (np.asarray(store.read(k)) for k in ("stage", "obs/env_state", "obs/qpos"))
+    facts: dict[str, list] = {}
+    for e in range(store.n_episodes):
+        s, end = store.episode_range(e)
+        reached = np.flatnonzero(stage[s:end] >= in_box)
+        if not len(reached):
+            continue  # the cube never got into the box: not the latch's failure
+        t0 = s + int(reached[0])
+        dist, height, press = [], [], []
+        for t in range(t0, end):
+            robot.data.joint("button").qpos[0] = state[t, -1]
+            robot.set_joint_positions(qpos[t])
+            mujoco.mj_kinematics(robot.model, robot.data)
+            hand, button = robot.data.site_xpos[site], robot.data.body("button").xpos
+            dist.append(float(np.linalg.norm(hand[:2] - button[:2])))
+            height.append(float(hand[2] - button[2]))
+            press.append(float(state[t, -1]))
+        dist, height = np.array(dist) * 100, np.array(height) * 100
+        near = dist < 2.0
+        group = "latched" if stage[end - 1] >= latched else "cube in the box, not latched"
+        facts.setdefault(group, []).append((dist.min(), height[near].min() if near.any() else np.nan, min(press) * 1000,
+                                            (dist < 5.0).mean(), end - t0, float(dist.min() >= 5.0)))
+    rows = []
+    for group, f in facts.items():
+        a = np.array(f, dtype=float)
+        rows.append((group, len(a), f"{np.median(a[:, 0]):.1f} [{a[:, 0].min():.1f}, {a[:, 0].max():.1f}]",
+                     f"{a[:, 5].mean():.0%}", f"{np.nanmedian(a[:, 1]):.1f}" if np.isfinite(a[:, 1]).any() else "-",
+                     f"{np.median(a[:, 2]):.1f} [{a[:, 2].min():.1f}, {a[:, 2].max():.1f}]", f"{np.median(a[:, 3]):.0%}",
+                     f"{np.median(a[:, 4]):.0f} [{a[:, 4].min():.0f}, {a[:, 4].max():.0f}]"))
+    show(f"{task_name}: the right hand after the cube is in the box ({args.rollouts}; medians (min, max); latches "
+         f"at {task.latch_q * 1000:.0f} mm; {cpu_kind()})",
+         ["episodes", "n", "closest to the button, across (cm)", "never within 5 cm", "lowest over its top within 2 cm (cm)",
+          "button's deepest recorded (mm)", "steps within 5 cm", "steps from cube in box to latch / end"], rows)
+
+
 def run_openloop(args) -> None:
     from robo_rl.data.sampler import WindowSampler
     from robo_rl.policies import load_policy
@@ -666,7 +721,8 @@ def run_position(args) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("part", choices=["probe", "align", "reach", "stuck", "aim", "grip", "handover", "openloop", "position", "grasp"])
+    ap.add_argument("part", choices=["probe", "align", "reach", "stuck", "aim", "grip", "handover", "latch", "openloop", "position",
+                                     "grasp"])
     ap.add_argument("--rollouts")
     ap.add_argument("--dataset")
     ap.add_argument("--checkpoint")
@@ -681,7 +737,7 @@ def main() -> None:
     ap.add_argument("--grips", type=float, nargs="*", default=[8, 8.5, 9, 9.5, 10, 11, 12, 13], help="grip: cm from the peg's tip")
     ap.add_argument("--expert-episodes", type=int, default=12, help="grip: scripted episodes per distance")
     args = ap.parse_args()
-    {"probe": run_probe, "align": run_align_probe, "reach": run_reach_probe, "stuck": run_stuck, "aim": run_aim, "grip": run_grip, "handover": run_handover, "openloop": run_openloop, "position": run_position, "grasp": run_grasp}[args.part](args)
+    {"probe": run_probe, "align": run_align_probe, "reach": run_reach_probe, "stuck": run_stuck, "aim": run_aim, "grip": run_grip, "handover": run_handover, "latch": run_latch, "openloop": run_openloop, "position": run_position, "grasp": run_grasp}[args.part](args)
 
 
 if __name__ == "__main__":
