@@ -309,6 +309,20 @@ def test_the_demo_runs_the_whole_story_at_toy_size(tmp_path):
     assert seeds["pretrained"] == seeds["control"] == seeds["after-rac"]
 
 
+def test_demos_from_a_store_of_another_task_or_too_short_is_one_line_naming_what_it_holds(tmp_path, capsys):
+    from conftest import robo_rl_in_process
+
+    for task, n in (("transfer_cube", 60), ("pack_cube_nolid", 3)):
+        store = EpisodeStore.create(tmp_path / task, Schema.build({"obs/qpos": ((14,), "float32"),
+                                                                   "action": ((14,), "float32")}, fps=50))
+        for _ in range(n):
+            store.add_episode({"obs/qpos": np.zeros((5, 14), np.float32), "action": np.zeros((5, 14), np.float32)},
+                              np.arange(5) / 50, "TELEOP", EpisodeMeta(task=task))
+        code, err = robo_rl_in_process(capsys, "demo", f"demos_from={tmp_path / task}", f"out={tmp_path / ('out-' + task)}")
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        assert f"holds {n} episodes of ['{task}']" in err and "needs 50 of pack_cube_nolid" in err, err
+
+
 @pytest.mark.slow  # ~1.5 min: PackCube's demos and rollouts rendered
 def test_the_demo_with_cameras_records_trains_and_rolls_out_on_frames(tmp_path):
     """`demo obs=images`: the demos, RaC's rollouts and the policy all go through the cameras (no
