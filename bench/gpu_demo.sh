@@ -4,6 +4,7 @@
 # PyTorch but no package registry.
 #
 #   bash bench/gpu_demo.sh [SECONDS] [demo overrides ...]      (default overrides: full=true)
+#   SEEDS="2 3" STAGGER_S=55 bash bench/gpu_demo.sh [SECONDS]  (one run per seed, side by side)
 #
 # The fifth round's H200 row ran the CPU recipe scaled up instead of full=true:
 #   bash bench/gpu_demo.sh 470 small.pretrain_steps=20000 small.batch_size=256 small.rounds=2 \
@@ -15,8 +16,14 @@
 #   step (same task, seed 0, 200 episodes): recording is CPU work that needs no GPU time.
 # - The run stops with SIGTERM after SECONDS (default 540): the learner checkpoints, and the next
 #   call of this script goes on with `resume=true` from the stages in data/gpu-demo/stages.json.
-# - Results, stage timings and the learner's steps/s are copied to $OUT (or ./data/gpu-demo-out).
+# - SEEDS runs one demo per seed at once (data/gpu-demo-s<seed>), each started STAGGER_S seconds
+#   after the one before: the evaluations and the round are MuJoCo on one CPU core each, so while
+#   one seed trains on the GPU the other evaluates, and two seeds take little longer than one.
+#   Every run stops at the same deadline, SECONDS after the script started.
+# - Results, stage timings and the learner's steps/s are copied to $OUT (or ./data/gpu-demo-out),
+#   into one tarball per seed when SEEDS is set (the device tool brings back few files).
 set -u
+start=$SECONDS
 budget=${1:-540}
 shift || true
 overrides=("$@")
@@ -32,12 +39,36 @@ export MUJOCO_GL=${MUJOCO_GL:-egl} PYTHONUNBUFFERED=1 TQDM_MININTERVAL=30
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$out/device.txt"
 python3 -c "import torch, platform; print('torch', torch.__version__, torch.cuda.get_device_name(), platform.processor())" \
     | tee -a "$out/device.txt"
-resume=false
-[ -f data/gpu-demo/stages.json ] && resume=true
-timeout -s TERM "$budget" python3 -m robo_rl.cli.main demo "${overrides[@]}" demos_from=data/gpu-demos out=data/gpu-demo \
-    device=cuda n_envs=20 videos=0 resume=$resume 2>&1 | tee -a "$out/demo.log"
-for f in stages.json results.json before_after.png; do
-    [ -f "data/gpu-demo/$f" ] && cp "data/gpu-demo/$f" "$out/"
+
+# one demo run in $1 (its results to $2), with the overrides after them
+run_one() {
+    local run=$1 dest=$2
+    shift 2
+    local resume=false
+    [ -f "$run/stages.json" ] && resume=true
+    mkdir -p "$dest"
+    timeout -s TERM $((start + budget - SECONDS)) python3 -m robo_rl.cli.main demo "$@" demos_from=data/gpu-demos out="$run" \
+        device=cuda n_envs=20 videos=0 resume=$resume >>"$dest/demo.log" 2>&1
+    for f in stages.json results.json before_after.png; do
+        [ -f "$run/$f" ] && cp "$run/$f" "$dest/"
+    done
+    [ -f "$run/pretrain/metrics.jsonl" ] && cp "$run/pretrain/metrics.jsonl" "$dest/pretrain_metrics.jsonl"
+    true
+}
+
+if [ -z "${SEEDS:-}" ]; then
+    run_one data/gpu-demo "$out" "${overrides[@]}"
+    tail -n 40 "$out/demo.log"
+    exit 0
+fi
+for seed in $SEEDS; do
+    run_one "data/gpu-demo-s$seed" "/tmp/gpu-demo-out/s$seed" "${overrides[@]}" "seed=$seed" &
+    sleep "${STAGGER_S:-0}"
 done
-[ -f data/gpu-demo/pretrain/metrics.jsonl ] && cp data/gpu-demo/pretrain/metrics.jsonl "$out/pretrain_metrics.jsonl"
+wait
+for seed in $SEEDS; do
+    echo "== seed $seed"
+    tail -n 30 "/tmp/gpu-demo-out/s$seed/demo.log"
+    tar czf "$out/s$seed.tgz" -C /tmp/gpu-demo-out "s$seed"
+done
 true
