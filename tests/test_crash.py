@@ -63,13 +63,13 @@ def _check(path: Path, reported: int, previous: int) -> int:
     return n
 
 
-# By default the writer is killed 6 times through the Recorder and 4 times writing directly into a
-# JPEG store with training-size copies (the direct writer's code is the same for every codec;
-# test_partial_episode_is_dropped_and_repair_says_so kills it on a lossless store). The lossless
-# direct runs (5 kills, 16 s; 14 kills, ~67 s on an AMD EPYC, AVX2) are `-m slow`.
+# By default the writer is killed 6 times through the Recorder (test_partial_episode_is_dropped_and_
+# repair_says_so kills the direct writer on a lossless store). The direct runs, lossless (5 kills,
+# 16 s; 14 kills, ~67 s on an AMD EPYC, AVX2) and into a JPEG store (4 kills, 10 s), are `-m slow`.
 @pytest.mark.parametrize("mode,rounds", [pytest.param("direct", 5, marks=pytest.mark.slow),
                                          pytest.param("direct", 14, marks=pytest.mark.slow), ("recorder", 6),
-                                         ("jpeg", 4)])  # jpeg: the lossy frame codec and training-size copies under the same kills
+                                         # jpeg: the lossy frame codec and training-size copies under the same kills (10 s, AVX2)
+                                         pytest.param("jpeg", 4, marks=pytest.mark.slow)])
 def test_sigkill_at_random_points_never_loses_committed_episodes(tmp_path, mode, rounds):
     path = tmp_path / "store"
     rng = random.Random(1234 + len(mode))

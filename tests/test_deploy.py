@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from conftest import robo_rl_cli as _cli
 from sim_bridge_proc import start_bridge, stop_bridge
 
@@ -29,6 +31,7 @@ def test_a_twin_only_observation_cannot_go_to_real_arms(checkpoints):
     assert len(r.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow  # 21 s (AMD EPYC, AVX2 only); deploy over ROS 2 stays in the default run through test_ros2_layouts and the camera policy over DDS
 def test_deploy_over_ros2_against_the_sim_bridge(checkpoints):
     dom = str(30 + os.getpid() % 70)
     env = {**os.environ, "MUJOCO_GL": "egl"}

@@ -206,6 +206,7 @@ def _cli(*args, timeout=900):
                           timeout=timeout, env=env, cwd=Path(__file__).parents[1])
 
 
+@pytest.mark.slow  # 57 s (AMD EPYC, AVX2 only); the round's pieces stay in the default run (the tiny `demo` runs, every intervention mode, the operator)
 def test_a_tiny_rac_round_end_to_end(tmp_path):
     """collect -> pre-train (a few steps) -> rac: RaC, HG-DAgger and more demos each collect,
     fine-tune from the checkpoint and evaluate; stores carry labels and intervention records,

@@ -201,6 +201,7 @@ def test_jpeg_frames_and_deploy_resizing_to_the_policy(tmp_path):
         stop_bridge(bridge)
 
 
+@pytest.mark.slow  # 24 s (AMD EPYC, AVX2 only); frames over DDS stay in the default run (bridge frames, a camera policy deployed over DDS)
 def test_record_full_frames_over_dds_then_train(tmp_path):
     """The whole path at small size: `sim-bridge` publishes two cameras at 480x640 (the robot
     description's size), `robo-rl record robot=aloha` stores them as JPEG (a real robot's default)
