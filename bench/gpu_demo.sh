@@ -47,7 +47,9 @@ run_one() {
     local resume=false
     [ -f "$run/stages.json" ] && resume=true
     mkdir -p "$dest"
-    timeout -s TERM $((start + budget - SECONDS)) python3 -m robo_rl.cli.main demo "$@" demos_from=data/gpu-demos out="$run" \
+    local left=$((start + budget - SECONDS))
+    [ "$left" -lt 1 ] && left=1  # `timeout 0` would mean no limit at all
+    timeout -s TERM "$left" python3 -m robo_rl.cli.main demo "$@" demos_from=data/gpu-demos out="$run" \
         device=cuda n_envs=20 videos=0 resume=$resume >>"$dest/demo.log" 2>&1
     for f in stages.json results.json before_after.png; do
         [ -f "$run/$f" ] && cp "$run/$f" "$dest/"
