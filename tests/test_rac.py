@@ -310,6 +310,33 @@ def test_the_demo_runs_the_whole_story_at_toy_size(tmp_path):
     assert seeds["pretrained"] == seeds["control"] == seeds["after-rac"]
 
 
+def test_an_evaluation_in_parts_gives_the_same_rows_in_one_process_or_two(tmp_path, checkpoints):
+    """The demo's evaluations: parts of consecutive episodes, each with its own noise seed and one
+    thread, give the same episodes whether a part runs here or in a spawned process (the demo's
+    processes=2); an error in that process is raised here."""
+    from robo_rl.policies import load_policy, read_checkpoint
+    from robo_rl.sim.evaluate import EvaluationProcess, evaluate_with_recoveries, merge_shards, shard_spans
+
+    assert shard_spans(100, 2) == [(0, 50), (50, 50)] and shard_spans(5, 2) == [(0, 2), (2, 3)]
+    assert shard_spans(1, 2) == [(0, 1)]
+    # the pre-trained row beside RaC's round: every part in the spawned process
+    in_child = EvaluationProcess(checkpoints["state"], "cpu", "transfer_cube", {"n_action_steps": 8}, shard_spans(2, 2),
+                                 1, 300, tmp_path / "child", videos=1)
+    policy = load_policy(read_checkpoint(checkpoints["state"]))
+    args = (policy, "transfer_cube", {"n_action_steps": 8}, 2, 1, 300, 2)
+    here = evaluate_with_recoveries(*args, tmp_path / "here", videos=1, shards=2, progress=False)
+    child_parts = in_child.parts()
+    per_episode = json.loads((tmp_path / "here" / "eval.json").read_text())["per_episode"]
+    assert [e.__dict__ for e in merge_shards(child_parts).episodes] == per_episode
+    assert [e["seed"] for e in per_episode] == [300, 301]
+    # its video of episode 300 (the arms move by the barely trained policy's noise) is the one rendered here
+    videos = [Path(here["videos"][0]), Path(child_parts[0].videos[0])]
+    assert videos[0].name == videos[1].name == "seed300_fail.mp4" and videos[0].read_bytes() == videos[1].read_bytes()
+    # the after-RaC row: the first part here, the second beside it; a failing process is an error here
+    with pytest.raises(RoboRLError, match="nowhere.pt"):
+        evaluate_with_recoveries(*args, None, shards=2, progress=False, beside=(tmp_path / "nowhere.pt", "cpu"))
+
+
 def test_demos_from_a_store_of_another_task_or_too_short_is_one_line_naming_what_it_holds(tmp_path, capsys):
     from conftest import robo_rl_in_process
 
@@ -349,10 +376,28 @@ def test_the_demo_with_cameras_records_trains_and_rolls_out_on_frames(tmp_path):
     assert r.returncode == 2 and "obs='pixels'" in r.stderr
 
 
+def _children(pid: int) -> list[int]:
+    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _stat(int(p.name))[1] == pid]
+
+
+def _stat(pid: int) -> tuple[str, int]:
+    """(state, parent pid) of a process, ("X", 0) once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return "X", 0
+    return fields[0], int(fields[1])
+
+
+def _running(pid: int) -> bool:
+    return _stat(pid)[0] not in ("X", "Z")  # a zombie has exited; whoever adopted it has not reaped it yet
+
+
 @pytest.mark.slow  # ~2 min: the toy demo twice
 def test_a_killed_demo_resumes_where_it_stopped(tmp_path):
-    """SIGKILL the demo while it collects RaC rollouts; `resume=true` reuses the recorded demos,
-    the pre-training and its evaluation, sets the partial rollouts aside and finishes."""
+    """SIGKILL the demo while it collects RaC rollouts; its second process (the pre-trained policy's
+    evaluation, beside the round) exits too; `resume=true` reuses the recorded demos and the
+    pre-training, sets the partial rollouts aside and finishes."""
     out = tmp_path / "demo"
     args = ["small.demos=2", "small.pretrain_steps=10", "small.episodes_per_round=6", "small.finetune_steps=5",
             "small.eval_episodes=2", "n_envs=1", "threads=1", "videos=0", f"out={out}"]
@@ -363,11 +408,17 @@ def test_a_killed_demo_resumes_where_it_stopped(tmp_path):
         while not (out / "interventions" / "round1").exists() and time.time() < deadline and proc.poll() is None:
             time.sleep(0.2)
         time.sleep(1.0)
+        beside = _children(proc.pid)
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         proc.wait()
+    assert beside  # the evaluation's process, and no more running within seconds of the kill
+    deadline = time.time() + 10
+    while any(_running(pid) for pid in beside) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not any(_running(pid) for pid in beside)
     done = json.loads((out / "stages.json").read_text())["results"]
-    assert list(done) == ["1 teleop demos", "2 pre-train", "2 evaluate pre-trained"]
+    assert list(done) == ["1 teleop demos", "2 pre-train"]
     pretrained = (out / "pretrain" / "checkpoints" / "last.pt").read_bytes()
     r = _cli("demo", *args)
     assert r.returncode == 2 and "resume=true" in r.stderr
@@ -376,7 +427,7 @@ def test_a_killed_demo_resumes_where_it_stopped(tmp_path):
     r = _cli("demo", *args, "resume=true")
     assert r.returncode == 0, r.stdout + r.stderr
     res = json.loads((out / "results.json").read_text())
-    assert res["resumed"] == ["1 teleop demos", "2 pre-train", "2 evaluate pre-trained"]
+    assert res["resumed"] == ["1 teleop demos", "2 pre-train"] and res["before"]["success_rate"] >= 0
     assert (out / "pretrain" / "checkpoints" / "last.pt").read_bytes() == pretrained
     assert EpisodeStore.open(out / "interventions" / "round1").n_episodes == 6
     assert list((out / "interventions").glob("round1.interrupted-1"))

@@ -86,7 +86,8 @@ def run(cfg: DictConfig) -> int:
     from robo_rl.policies.common import predictor
     from robo_rl.rac.mixing import CompositionConfig
     from robo_rl.runtime.chunking import ChunkingConfig
-    from robo_rl.sim.evaluate import evaluate_with_recoveries
+    from robo_rl.sim.evaluate import (EvaluationProcess, evaluate_with_recoveries, merge_shards, one_thread,
+                                      recovery_row, seeded_noise, shard_spans)
     from robo_rl.sim.interventions import collect_interventions
     from robo_rl.sim.tasks import TASKS
 
@@ -125,9 +126,19 @@ def run(cfg: DictConfig) -> int:
         policy_opts.update({k.split(".", 1)[1]: v for k, v in recipe.items() if k.startswith("policy.")})
         policy_opts.update(OmegaConf.to_container(cfg.image_policy, resolve=True) or {})
 
-    def evaluate(policy: Any, name: str) -> dict[str, Any]:  # every row on the same seeds, one video each
-        return evaluate_with_recoveries(policy, cfg.task, chunking, int(s["eval_episodes"]), int(cfg.n_envs), 100_000,
-                                        5, out / f"eval-{name}", videos=int(cfg.videos))
+    # Every row on the same seeds, one video each, in `eval_parts` parts of consecutive episodes, each
+    # part with its own noise seed and one torch thread. processes=2 runs a part beside the other,
+    # and the pre-trained policy's evaluation beside RaC's first round: the same rows in less time.
+    n_eval, parts, side_by_side = int(s["eval_episodes"]), int(cfg.eval_parts), int(cfg.processes) > 1
+    if parts < 1 or int(cfg.processes) not in (1, 2):
+        raise ConfigError(f"demo: eval_parts={parts} must be >= 1 and processes={cfg.processes} 1 or 2")
+
+    def evaluate(policy: Any, name: str, checkpoint: Path) -> dict[str, Any]:
+        if side_by_side and parts > 1:
+            print(f"   ({n_eval} episodes in {parts} parts, two processes; the bar shows the first part)")
+        return evaluate_with_recoveries(policy, cfg.task, chunking, n_eval, int(cfg.n_envs), 100_000, 5,
+                                        out / f"eval-{name}", videos=int(cfg.videos), shards=parts,
+                                        beside=(checkpoint, device) if side_by_side else None)
 
     def learner(steps: int, lr: float, warmup: int, **more: Any) -> LearnerConfig:
         return LearnerConfig(steps=steps, batch_size=int(s["batch_size"]), lr=lr, warmup_steps=warmup,
@@ -170,8 +181,18 @@ def run(cfg: DictConfig) -> int:
     stages.run("2 pre-train", pretrain)
     ckpt = read_checkpoint(pre_dir / "checkpoints" / "last.pt")
     base = load_policy(ckpt, device=device)
-    print(f"   evaluate the pre-trained policy on {s['eval_episodes']} episodes")
-    before = stages.run("2 evaluate pre-trained", lambda: evaluate(base, "pretrained"))
+    # processes=2: the pre-trained policy is evaluated in a second process during the first round
+    # (both run its policy; the twin steps on one core each), and its row is taken after the round
+    pre_eval: Any = None
+    if side_by_side and "2 evaluate pre-trained" not in stages.done and "3 RaC rollouts, round 1" not in stages.done:
+        print(f"   evaluate the pre-trained policy on {n_eval} episodes in a second process, beside RaC's first round")
+        pre_eval = EvaluationProcess(pre_dir / "checkpoints" / "last.pt", device, cfg.task, chunking,
+                                     shard_spans(n_eval, parts), int(cfg.n_envs), 100_000, out / "eval-pretrained",
+                                     int(cfg.videos))
+    ran_beside = pre_eval is not None
+    if pre_eval is None:
+        print(f"   evaluate the pre-trained policy on {n_eval} episodes")
+        before = stages.run("2 evaluate pre-trained", lambda: evaluate(base, "pretrained", pre_dir / "checkpoints" / "last.pt"))
 
     # 3-4. RaC rounds with the simulated operator; each retrains from fresh weights (or fine-tunes the
     # pre-trained checkpoint) on the demos plus every intervention so far; the next round uses that policy
@@ -188,12 +209,24 @@ def run(cfg: DictConfig) -> int:
         def collect() -> dict[str, Any]:
             print(f"3/6 RaC round {r}: {s['episodes_per_round']} rollouts with the simulated operator watching")
             set_aside(store)  # an interrupted round's partial rollouts are kept beside, not mixed in
-            return collect_interventions(predictor(policy_now), cfg.task, obs_keys, base.config.n_obs,
-                                         base.config.horizon, ChunkingConfig(**chunking), store,
-                                         int(s["episodes_per_round"]), seed=200_000 + 100 * r, mode="rac",
-                                         n_envs=int(cfg.n_envs), image_size=image_size).to_dict()
+            # noise from the round's seed on one thread: a resumed or side-by-side run draws the same
+            with seeded_noise(200_000 + 100 * r), one_thread():
+                return collect_interventions(predictor(policy_now), cfg.task, obs_keys, base.config.n_obs,
+                                             base.config.horizon, ChunkingConfig(**chunking), store,
+                                             int(s["episodes_per_round"]), seed=200_000 + 100 * r, mode="rac",
+                                             n_envs=int(cfg.n_envs), image_size=image_size).to_dict()
 
-        st = stages.run(f"3 RaC rollouts, round {r}", collect)
+        try:
+            st = stages.run(f"3 RaC rollouts, round {r}", collect)
+        except BaseException:
+            if pre_eval is not None:
+                pre_eval.cancel()
+            raise
+        if pre_eval is not None:  # the pre-trained row, evaluated beside this round; its time is the wait after it
+            print("   the pre-trained policy's evaluation, beside the round: waiting for it")
+            before = stages.run("2 evaluate pre-trained", lambda: recovery_row(
+                merge_shards(pre_eval.parts()), 5, out / "eval-pretrained"))
+            pre_eval = None
         total_samples += st["operator_samples"]
         print(f"4/6 {how}, round {r}: demos + {st['steps']['RECOVERY']} recovery and {st['steps']['CORRECTION']} "
               f"correction steps from {st['interventions']} interventions, {ft.steps} steps")
@@ -216,8 +249,10 @@ def run(cfg: DictConfig) -> int:
 
     # 6. evaluate on the same seeds as the pre-trained policy
     print(f"6/6 evaluate after RaC{'' if from_scratch else ' and the control'} on the same {s['eval_episodes']} episodes")
-    after = stages.run("6 evaluate after RaC", lambda: evaluate(policy_now, "after-rac"))
-    ctrl = before if from_scratch else stages.run("6 evaluate control", lambda: evaluate(control, "control"))
+    last = out / f"rac-round{s['rounds']}" / "checkpoints" / "last.pt"
+    after = stages.run("6 evaluate after RaC", lambda: evaluate(policy_now, "after-rac", last))
+    ctrl = before if from_scratch else stages.run("6 evaluate control", lambda: evaluate(
+        control, "control", out / "control" / "checkpoints" / "last.pt"))
     rows = {"pre-trained": before, "control (= the pre-training)" if from_scratch else "control (no new data)": ctrl,
             "after RaC": after}
     plot = write_rows_plot(rows, cfg.task, out / "before_after.png")
@@ -231,7 +266,9 @@ def run(cfg: DictConfig) -> int:
     (out / "results.json").write_text(json.dumps(result, indent=1))
     print_rows(rows, cfg.task, int(s["eval_episodes"]), total_samples, "GPU sizes" if cfg.full else "CPU sizes")
     print(verdict["line"])
-    print_table("time", ["step", "seconds"], [[k + (" (an earlier run)" if k in stages.resumed else ""), f"{v:.0f}"]
+    beside = {"2 evaluate pre-trained": " (beside round 1: the wait after it)"} if ran_beside else {}
+    print_table("time", ["step", "seconds"], [[k + beside.get(k, "") + (" (an earlier run)" if k in stages.resumed else ""),
+                                               f"{v:.0f}"]
                                               for k, v in timings.items()] +
                 [["total", f"{sum(timings.values()):.0f}"], ["this run", f"{time.perf_counter() - t_start:.0f}"]])
     videos = list(dict.fromkeys(v for d in rows.values() for v in d["videos"][:1]))  # the reused control adds none
@@ -244,7 +281,7 @@ class Stages:
     so that `resume=true` picks an interrupted run up where it stopped (a killed pre-training or
     fine-tune goes on from its last checkpoint) instead of starting over."""
 
-    IGNORED = ("resume", "device", "threads", "n_envs", "videos")  # may differ between the two runs
+    IGNORED = ("resume", "device", "threads", "n_envs", "videos", "processes")  # may differ between the two runs
 
     def __init__(self, out: Path, cfg: DictConfig, resume: bool):
         self.path = out / "stages.json"

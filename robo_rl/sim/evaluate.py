@@ -3,14 +3,16 @@
 `run_eval` wires a policy (or a predictor it is given, e.g. value-guided selection) into
 `robo_rl.sim.rollout.evaluate_policy`, or records the rollouts (`record=`); `write_eval` writes
 eval.json; `evaluate_with_recoveries` adds RaC's test-time-scaling curve (success had each
-episode been allowed at most k recovery manoeuvres).
+episode been allowed at most k recovery manoeuvres), in consecutive parts that may run in
+separate processes (`EvaluationProcess`: beside RaC's rollouts, or two halves at once).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from robo_rl.errors import ConfigError
 
@@ -19,16 +21,23 @@ def run_eval(policy: Any, task: str, chunking: Mapping[str, Any], episodes: int,
              videos: int, out: Path | None, inference_steps: int | None = None, max_steps: int | None = None,
              progress: bool = True, count_recoveries: bool = False, predict: Any = None, record: str | None = None,
              disturb: bool = True):
-    import torch
-
     # The policy's sampling noise is drawn from a generator seeded by the evaluation seed alone, so an
     # evaluation inside demo, rac or train gives what robo-rl eval gives on the same checkpoint and
     # seeds, whatever the caller drew before; the caller's own random stream is left as it was.
+    with seeded_noise(seed):
+        return _run_eval(policy, task, chunking, episodes, n_envs, seed, videos, out, inference_steps, max_steps,
+                         progress, count_recoveries, predict, record, disturb)
+
+
+@contextlib.contextmanager
+def seeded_noise(seed: int) -> Iterator[None]:
+    """torch's generators (CPU and CUDA) seeded with `seed` inside the block, as they were after it."""
+    import torch
+
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
-        return _run_eval(policy, task, chunking, episodes, n_envs, seed, videos, out, inference_steps, max_steps,
-                         progress, count_recoveries, predict, record, disturb)
+        yield
 
 
 def _run_eval(policy, task, chunking, episodes, n_envs, seed, videos, out, inference_steps, max_steps, progress,
@@ -67,10 +76,35 @@ def write_eval(summary: Any, out: Path, **extra: Any) -> dict[str, Any]:
 
 
 def evaluate_with_recoveries(policy: Any, task: str, chunking: Mapping[str, Any], episodes: int, n_envs: int, seed: int,
-                             max_recoveries: int, out: Path | None, videos: int = 0, predict: Any = None) -> dict[str, Any]:
+                             max_recoveries: int, out: Path | None, videos: int = 0, predict: Any = None,
+                             shards: int = 1, beside: tuple[Path, str] | None = None,
+                             progress: bool = True) -> dict[str, Any]:
     """Success with its interval, stage reach and the test-time-scaling curve of one policy
-    (`predict`: its predictor, when the caller has one to share)."""
-    summary = run_eval(policy, task, chunking, episodes, n_envs, seed, videos, out, count_recoveries=True, predict=predict)
+    (`predict`: its predictor, when the caller has one to share).
+
+    `shards` > 1: the episodes in that many consecutive parts, each with its own noise seed and
+    torch on one thread, so that a part gives the same episodes wherever it runs. `beside`: the
+    policy's (checkpoint, device); the parts after the first then run in a spawned process while
+    this one runs the first (two cores: about half the time)."""
+    spans = shard_spans(episodes, shards)
+    child = (EvaluationProcess(beside[0], beside[1], task, chunking, spans[1:], n_envs, seed, out, videos)
+             if beside is not None and len(spans) > 1 else None)
+    try:
+        with one_thread() if len(spans) > 1 else contextlib.nullcontext():
+            parts = [run_eval(policy, task, chunking, n, n_envs, seed + start, videos if start == 0 else 0, out,
+                              count_recoveries=True, predict=predict, progress=progress)
+                     for start, n in (spans[:1] if child else spans)]
+    except BaseException:
+        if child is not None:
+            child.cancel()
+        raise
+    if child is not None:
+        parts += child.parts()
+    return recovery_row(merge_shards(parts), max_recoveries, out)
+
+
+def recovery_row(summary: Any, max_recoveries: int, out: Path | None) -> dict[str, Any]:
+    """evaluate_with_recoveries' row of an evaluation (written to out/eval.json too)."""
     d = summary.to_dict()
     if out is not None:
         write_eval(summary, out)
@@ -80,3 +114,98 @@ def evaluate_with_recoveries(policy: Any, task: str, chunking: Mapping[str, Any]
             "mean_recoveries": sum(recoveries) / max(1, len(recoveries)),
             "success_within": [summary.success_within(k) for k in range(max_recoveries + 1)],
             "videos": d["videos"]}
+
+
+# ---------------------------------------------------------------------- an evaluation beside other work
+# The twin steps on one core, so on a 2-core laptop an evaluation can run beside RaC's rollouts, or
+# in two halves at once. A part's result depends only on its episodes, its noise seed and torch's
+# thread count, which is 1 in every part (ONE_THREAD), wherever the part runs.
+
+def shard_spans(episodes: int, shards: int) -> list[tuple[int, int]]:
+    """(first episode, episodes) of each of `shards` consecutive parts: 100 in 2 -> (0, 50), (50, 50)."""
+    if shards < 1:
+        raise ConfigError(f"evaluate: shards must be >= 1, got {shards}")
+    shards = min(shards, episodes)
+    bounds = [episodes * k // shards for k in range(shards + 1)]
+    return [(bounds[k], bounds[k + 1] - bounds[k]) for k in range(shards)]
+
+
+def merge_shards(parts: list[Any]) -> Any:
+    """One EvalSummary of consecutive parts (the first part's videos; wall time of the longest)."""
+    from robo_rl.sim.rollout import EvalSummary
+
+    if len(parts) == 1:
+        return parts[0]
+    episodes = sorted((e for p in parts for e in p.episodes), key=lambda e: e.seed)
+    return EvalSummary(parts[0].task, episodes, parts[0].stage_names, max(p.wall_s for p in parts),
+                       [v for p in parts for v in p.videos])
+
+
+class one_thread:
+    """torch on one CPU thread inside the block (the evaluation parts' setting), as before after it."""
+
+    def __enter__(self) -> None:
+        import torch
+
+        self.before = torch.get_num_threads()
+        torch.set_num_threads(1)
+
+    def __exit__(self, *exc: Any) -> None:
+        import torch
+
+        torch.set_num_threads(self.before)
+
+
+def evaluate_parts(checkpoint: str, device: str, task: str, chunking: Mapping[str, Any], spans: list[tuple[int, int]],
+                   n_envs: int, seed: int, out: str | None, videos: int) -> list[Any]:
+    """The EvalSummary of each (first episode, episodes) part of a checkpoint's evaluation, one
+    after the other on one thread: what an EvaluationProcess runs."""
+    from robo_rl.policies import load_policy, read_checkpoint
+
+    policy = load_policy(read_checkpoint(Path(checkpoint)), device=device)
+    with one_thread():
+        return [run_eval(policy, task, chunking, n, n_envs, seed + start, videos if start == 0 else 0,
+                         Path(out) if out else None, count_recoveries=True, progress=False)
+                for start, n in spans]
+
+
+class EvaluationProcess:
+    """`evaluate_parts` in a spawned process, while this one does other work; `parts()` waits for
+    its EvalSummaries. The child exits when this process dies (a kill leaves no evaluation running
+    on), and an error in it is raised here."""
+
+    def __init__(self, checkpoint: Path, device: str, task: str, chunking: Mapping[str, Any],
+                 spans: list[tuple[int, int]], n_envs: int, seed: int, out: Path | None, videos: int):
+        import multiprocessing
+        import os
+        from concurrent.futures import ProcessPoolExecutor
+
+        # spawn, not fork: a forked child would inherit torch's thread pools and an EGL context
+        self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                                         initializer=_exit_with_parent, initargs=(os.getpid(),))
+        self._future = self._pool.submit(evaluate_parts, str(checkpoint), device, task, dict(chunking), spans,
+                                         n_envs, seed, str(out) if out is not None else None, videos)
+
+    def parts(self) -> list[Any]:
+        try:
+            return self._future.result()
+        finally:
+            self._pool.shutdown()
+
+    def cancel(self) -> None:
+        for p in list(getattr(self._pool, "_processes", {}).values()):
+            p.kill()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _exit_with_parent(parent: int) -> None:
+    import os
+    import threading
+    import time
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
