@@ -140,7 +140,8 @@ def test_bridge_frames_reach_ros2robot_and_show_the_arm_move():
             quiet.connect(timeout_s=3.0)  # room for discovery on a loaded machine: the joint states come first
         assert "\n" not in str(e.value)
         # cameras=None: every configured camera is read, none waited for; the silent ones stay out
-        every = Ros2Robot("aloha", DdsTransport(dom))
+        # (a second driver of the same arms: the first one's writers are allowed, it never commands)
+        every = Ros2Robot("aloha", DdsTransport(dom), allow_other_writers=True)
         every.connect(timeout_s=20)
         deadline = time.monotonic() + 5
         while "top" not in every.observe().images and time.monotonic() < deadline:

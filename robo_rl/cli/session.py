@@ -67,9 +67,13 @@ def open_robot(cfg: DictConfig, cameras: Sequence[str] = (), image_size: Sequenc
         sizes = RobotSpec.from_yaml(str(cfg.robot)).camera_sizes
     else:
         sizes = {c: tuple(image_size) for c in cameras}
-    robot = Ros2Robot(str(cfg.robot), cameras=list(cameras), image_sizes=sizes)
-    domain = robot.config.domain_id if cfg.domain_id is None else int(cfg.domain_id)
-    robot.transport = make_transport(domain, str(cfg.transport))
+    robot = Ros2Robot(str(cfg.robot), cameras=list(cameras), image_sizes=sizes,
+                      allow_other_writers=bool(cfg.get("allow_other_writers", False)))
+    scope = robot.config.scope(None if cfg.domain_id is None else int(cfg.domain_id))
+    robot.transport = make_transport(prefer=str(cfg.transport), scope=scope)
+    print(f"ROS 2 ({robot.transport.name}): {scope.describe()}; "
+          + ("other writers on the command topics allowed" if robot.allow_other_writers else
+             "one writer per command topic (allow_other_writers=true turns the check off)"), flush=True)
     return OpenRobot(robot, str(cfg.robot), transport=robot.transport)
 
 
@@ -165,7 +169,8 @@ def open_device(cfg: DictConfig, opened: OpenRobot, keys: SessionKeys) -> Any:
         if transport is None:  # the twin in this process, the leader arms on ROS 2
             from robo_rl.hardware.ros2.rclpy_transport import make_transport
 
-            transport, owns = make_transport(0 if cfg.domain_id is None else int(cfg.domain_id), str(cfg.transport)), True
+            transport, owns = make_transport(None if cfg.domain_id is None else int(cfg.domain_id), str(cfg.transport)), True
+            print(f"ROS 2 leader arms ({transport.name}): {transport.scope.describe()}", flush=True)
         leader = LeaderArms(opened.hardware, transport=transport, owns_transport=owns)
         try:
             leader.connect(timeout_s=float(options.get("timeout_s", 5.0)))

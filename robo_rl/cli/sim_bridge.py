@@ -36,12 +36,14 @@ def run(cfg: DictConfig) -> int:
     if cams:
         cams += f" at {cfg.camera_hz:g} Hz, {bridge.image_size[1]}x{bridge.image_size[0]}"
     what = f"task {cfg.task} (seeds from {cfg.seed})" if cfg.task is not None else cfg.scene
-    print(f"sim-bridge: serving {cfg.robot} ({what}) on ROS domain {bridge.config.domain_id} "
-          f"({bridge.transport.name}): {topics}{cams}", flush=True)
+    scope = getattr(bridge.transport, "scope", None)
+    where = scope.describe() if scope is not None else f"ROS domain {bridge.transport.domain_id}"
+    print(f"sim-bridge: serving {cfg.robot} ({what}) on {where} ({bridge.transport.name}): {topics}{cams}", flush=True)
     try:
         bridge.run(None if cfg.duration is None else float(cfg.duration))
     finally:
         print(f"sim-bridge: {bridge.tick_summary()}", flush=True)
+        print(f"sim-bridge: command writers: {bridge.writers_summary()}", flush=True)
         print(f"sim-bridge: {bridge.commands_received} commands received, {bridge.commands_refused} refused", flush=True)
         bridge.close()
         if bridge.results:

@@ -18,7 +18,8 @@
   or `lockstep` (virtual time, no waiting: the twin as fast as it steps).
 
 Each tick, for each robot running an episode: stop checks (e-stop, the caller's stop), observe,
-the tracking check (a robot that does not follow its commands stops the run), the watchdog; one
+the robot's own fault check (`fault()`, where it has one: a ROS 2 arm with a second writer on
+its command topic), the tracking check (a robot that does not follow its commands stops the run), the watchdog; one
 `sources.actions` call for all robots; then per robot the safety filter, `act`, the recording
 (at `record_hz`), and the end check. An ended robot starts its next episode at once (the twin's
 evaluation keeps all its envs busy), or goes idle; the loop ends when every robot is idle.
@@ -316,6 +317,12 @@ def run_episodes(robots: Sequence[Any], sources: Any, config: ControllerConfig, 
                     continue
                 obs = robots[i].observe()
                 run.history.append(obs)
+                # a robot that must not be commanded on (ROS 2: another writer on its command topic)
+                fault = robots[i].fault() if hasattr(robots[i], "fault") else None
+                if fault:
+                    run.report.stopped_reason = fault
+                    finish(i)
+                    continue
                 lost = None if run.tracking is None else run.tracking.check(obs.qpos, run.command, now)
                 if lost is not None:
                     hint = getattr(robots[i], "not_following_hint", None)

@@ -82,12 +82,14 @@ class SimBridge:
         if transport is None:
             from robo_rl.hardware.ros2.rclpy_transport import make_transport
 
-            transport = make_transport(self.config.domain_id, prefer)
+            transport = make_transport(prefer=prefer, scope=self.config.scope())
         self.transport = transport
         self._lock = threading.Lock()
         self._command = self.sim.spec.home.astype(np.float64).copy()
         self.commands_received = 0
         self.commands_refused = 0
+        self.writers_max: dict[str, int] = {}
+        self._writers_checked = -np.inf
         self.frames_published = 0
         self.ticks = 0
         self.tick_s: deque[float] = deque(maxlen=30_000)  # the last 10 min of ticks' work (physics, publishing, rendering), not sleep
@@ -262,12 +264,36 @@ class SimBridge:
             t0 = time.perf_counter()
             self.step()
             self.tick_s.append(time.perf_counter() - t0)
+            self.count_writers()
             next_tick += period
             delay = next_tick - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)
             else:
                 next_tick = time.perf_counter()  # late: start the schedule afresh rather than rush to catch up
+
+    def count_writers(self, always: bool = False) -> None:
+        """The most writers seen at once on each command topic (more than one: two drivers fought
+        over the arm). Recounted only when DDS discovered a writer appear or go (rclpy: every 0.5 s)."""
+        count = getattr(self.transport, "other_writers", None)
+        if count is None:
+            return
+        changed = getattr(self.transport, "publications_changed", None)
+        if not always:
+            if changed is not None:
+                if not changed():
+                    return
+            elif time.monotonic() - self._writers_checked < 0.5:
+                return
+        self._writers_checked = time.monotonic()
+        for command in self.config.commands:
+            self.writers_max[command.topic] = max(self.writers_max.get(command.topic, 0), count(command.topic))
+
+    def writers_summary(self) -> str:
+        """Per command topic, the most writers seen at once."""
+        self.count_writers(always=True)
+        return "; ".join(f"{topic}: {n} writer{'' if n == 1 else 's'} at most" for topic, n in self.writers_max.items()) \
+            or "no writer count (the transport has none)"
 
     def tick_summary(self) -> str:
         """The ticks' work time, for the line the CLI prints at exit."""

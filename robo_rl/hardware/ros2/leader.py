@@ -72,7 +72,7 @@ class LeaderArms:
         self._arrived: dict[str, float] = {}
         self.stale_polls = 0  # polls that left an arm out because its leader went quiet
 
-    def connect(self, timeout_s: float = 5.0, domain_id: int = 0) -> None:
+    def connect(self, timeout_s: float = 5.0, domain_id: int | None = None) -> None:
         if self.transport is None:
             from robo_rl.hardware.ros2.rclpy_transport import make_transport
 

@@ -1,5 +1,7 @@
 """The rclpy transport: the same publisher/subscribe calls as DdsTransport, through a ROS 2
-install's own client library (a machine with ROS 2 Humble or Jazzy sourced).
+install's own client library (a machine with ROS 2 Humble or Jazzy sourced). rcl itself reads
+ROS 2's discovery and SROS2 variables (ROS_SECURITY_ENABLE, ROS_SECURITY_KEYSTORE,
+ROS_SECURITY_ENCLAVE_OVERRIDE, ROS_SECURITY_STRATEGY): security works here as in any ROS 2 node.
 
 Only the pub/sub calls differ. Messages stay ours (messages.py) on both sides of this class;
 they are copied field by field, by name, into the rclpy class of the same ROS type and back.
@@ -9,6 +11,8 @@ they are copied field by field, by name, into the rclpy class of the same ROS ty
 from __future__ import annotations
 
 import array
+import dataclasses
+import os
 import importlib
 import threading
 import typing
@@ -79,11 +83,17 @@ class RclpyTransport:
 
     name = "rclpy"
 
-    def __init__(self, domain_id: int = 0, node_name: str = "robo_rl"):
+    def __init__(self, domain_id: int = 0, node_name: str = "robo_rl", scope: Any = None):
         import rclpy
         from rclpy.executors import SingleThreadedExecutor
 
         self.domain_id = int(domain_id)
+        self.scope = scope
+        if scope is not None and scope.source == "the robot description":
+            # rcl reads the discovery variables at init: the description's scope goes in through them
+            os.environ.pop("ROS_LOCALHOST_ONLY", None)
+            os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = scope.range
+            os.environ["ROS_STATIC_PEERS"] = ";".join(scope.static_peers)
         self._context = rclpy.Context()
         rclpy.init(context=self._context, domain_id=self.domain_id)
         self.node = rclpy.create_node(node_name, context=self._context)
@@ -109,20 +119,33 @@ class RclpyTransport:
         self.node.create_subscription(ros_class(msg_type), topic, lambda rmsg: callback(from_ros(rmsg, msg_type)),
                                       self._qos(qos))
 
+    def other_writers(self, topic: str) -> int:
+        """Publishers on `topic` of every node but this one (ROS 2's graph, as discovered so far)."""
+        me = (self.node.get_name(), self.node.get_namespace())
+        return sum(1 for info in self.node.get_publishers_info_by_topic(topic)
+                   if (info.node_name, info.node_namespace) != me)
+
     def close(self) -> None:
         self._executor.shutdown()
         self.node.destroy_node()
         self._context.try_shutdown()
 
 
-def make_transport(domain_id: int = 0, prefer: str = "auto") -> Any:
-    """rclpy when it is importable (prefer=auto or rclpy), else CycloneDDS (prefer=auto or dds)."""
+def make_transport(domain_id: int | None = None, prefer: str = "auto", scope: Any = None) -> Any:
+    """rclpy when it is importable (prefer=auto or rclpy), else CycloneDDS (prefer=auto or dds), on
+    `scope` (a DiscoveryScope; default: ROS 2's environment, on `domain_id` if given)."""
+    from robo_rl.hardware.ros2.discovery import scope_from_env
+
     if prefer not in ("auto", "rclpy", "dds"):
         raise ConfigError(f"transport={prefer!r}; choose auto, rclpy or dds")
+    if scope is None:
+        scope = scope_from_env(domain_id=domain_id)
+    elif domain_id is not None and int(domain_id) != scope.domain_id:
+        scope = dataclasses.replace(scope, domain_id=int(domain_id))
     if prefer == "rclpy" or (prefer == "auto" and rclpy_available()):
         if not rclpy_available():
             raise ConfigError("transport=rclpy, but rclpy is not importable: source your ROS 2 setup.bash first")
-        return RclpyTransport(domain_id)
+        return RclpyTransport(scope.domain_id, scope=scope)
     from robo_rl.hardware.ros2.dds import DdsTransport
 
-    return DdsTransport(domain_id)
+    return DdsTransport(scope=scope)

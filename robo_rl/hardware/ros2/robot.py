@@ -83,10 +83,19 @@ class Ros2Config:
     """The `ros2:` section of a robot description: where joint states come from and commands go
     (per arm, or one topic for all joints, in any mix), and the cameras' topics."""
 
-    domain_id: int
+    domain_id: int | None  # None: ROS_DOMAIN_ID, else 0
     states: tuple[JointTopic, ...]
     commands: tuple[CommandTopic, ...]
     cameras: tuple[CameraTopic, ...] = ()
+    discovery: Mapping[str, Any] | None = None  # ros2.discovery: over ROS 2's discovery variables
+    where: str = "ros2"
+
+    def scope(self, domain_id: int | None = None) -> Any:
+        """The discovery scope in force (robo_rl/hardware/ros2/discovery.py): this description's
+        ros2.discovery and domain_id over the environment's; `domain_id` (the command line's) over all."""
+        from robo_rl.hardware.ros2.discovery import resolve_scope
+
+        return resolve_scope(self.discovery, self.where, self.domain_id if domain_id is None else domain_id)
 
     def camera_topics(self, names: Sequence[str] | None, who: str) -> tuple[CameraTopic, ...]:
         """The configured cameras called `names` (None: all); `who` asks, for the error."""
@@ -113,7 +122,13 @@ class Ros2Config:
         if not isinstance(d, dict):
             raise ConfigError(f"{path}: ros2 is a mapping; {LAYOUT_HELP}")
         states, commands = _layout_from_yaml(path, d, spec)
-        return cls(int(d.get("domain_id", 0)), states, commands, _cameras_from_yaml(path, d.get("cameras"), spec))
+        domain = d.get("domain_id")
+        if domain is not None and (not isinstance(domain, int) or not 0 <= domain <= 232):
+            raise ConfigError(f"{path}: ros2.domain_id={domain!r}; give 0..232, or leave it out for ROS_DOMAIN_ID")
+        config = cls(domain, states, commands, _cameras_from_yaml(path, d.get("cameras"), spec), d.get("discovery"),
+                     f"{path}: ros2")
+        config.scope()  # a bad discovery section is an error now, not at connect
+        return config
 
 
 def _names(value: Any, n: int, where: str, what: str) -> tuple[str, ...]:
@@ -142,7 +157,7 @@ def _layout_from_yaml(path: Path, d: dict, spec: RobotSpec) -> tuple[tuple[Joint
     named `<arm>_*`. Each of joint states and commands is given once: for all, or per arm."""
     n = spec.action_dim
     where = f"{path}: ros2"
-    known = {"domain_id", "arms", "cameras", "joint_states", "command", "command_type", "joints"}
+    known = {"domain_id", "discovery", "arms", "cameras", "joint_states", "command", "command_type", "joints"}
     extra = sorted(set(d) - known)
     if extra:
         raise ConfigError(f"{where}: unknown key(s) {extra}; known: {sorted(known)}")
@@ -279,16 +294,23 @@ class Ros2Camera:
             self._frame, self._arrived = rgb, time.monotonic()
 
 
+WRITER_SETTLE_S = 0.3  # connect(): discovery time given to other writers before the check
+WRITER_POLL_S = 0.05   # how often the watch thread asks DDS whether a writer appeared
+
+
 class Ros2Robot:
     """Implements robo_rl.hardware.robot.Robot over a transport (DdsTransport here; rclpy's where
     ROS 2 is installed)."""
 
     def __init__(self, robot: str | Path = "aloha", transport: Any = None, config: Ros2Config | None = None,
-                 cameras: Sequence[str] | None = None, image_sizes: Mapping[str, tuple[int, int]] | None = None):
+                 cameras: Sequence[str] | None = None, image_sizes: Mapping[str, tuple[int, int]] | None = None,
+                 allow_other_writers: bool = False):
         """`cameras`: the ones to read. Named ones are required: connect() waits for a frame from
         each. None reads every camera in ros2.cameras without waiting (each joins observe().images
         with its first frame), so a robot or `sim-bridge` without cameras still connects; [] reads none.
-        `image_sizes`: camera -> (height, width) its frames are resized to (default: as they come)."""
+        `image_sizes`: camera -> (height, width) its frames are resized to (default: as they come).
+        One driver per arm: connect() refuses a command topic that another writer publishes on,
+        and fault() stops the episode loop when one appears, unless `allow_other_writers`."""
         self.spec = RobotSpec.from_yaml(robot)
         self.config = config or Ros2Config.from_yaml(robot, self.spec)
         self.cameras = self.config.camera_topics(cameras, "Ros2Robot")
@@ -303,13 +325,17 @@ class Ros2Robot:
         self._stamp = 0.0
         self._publish: dict[str, Any] = {}
         self.period = 1.0 / self.spec.control_hz
+        self.allow_other_writers = allow_other_writers
+        self._writer_problem: str | None = None  # set by the watch thread: fault() reads it each tick
+        self._stop_watch = threading.Event()
+        self._watch: threading.Thread | None = None
 
     # ------------------------------------------------------------------ Robot protocol
     def connect(self, timeout_s: float = 5.0) -> None:
         if self.transport is None:
             from robo_rl.hardware.ros2.rclpy_transport import make_transport
 
-            self.transport = make_transport(self.config.domain_id)
+            self.transport = make_transport(scope=self.config.scope())
         for states in self.config.states:
             self.transport.subscribe(states.topic, JointState, lambda msg, t=states: self._on_state(t, msg), qos="sensor")
         for command in self.config.commands:
@@ -332,6 +358,52 @@ class Ros2Robot:
                                   f"{timeout_s:.0f} s (ROS domain {domain}): are the cameras (or `robo-rl sim-bridge "
                                   f"cameras=[{','.join(c.name for c in waiting)}]`) up?{bad}")
             time.sleep(0.01)
+        if not self.allow_other_writers:
+            # the robot's own writers were discovered with its joint states; a writer of another
+            # participant on this host is found within the same few hundred ms
+            time.sleep(WRITER_SETTLE_S)
+            make_view = getattr(self.transport, "writer_view", None)
+            view = make_view() if make_view is not None else None  # the watch thread's, made before the count
+            problem = self.other_writers_problem()
+            if problem:
+                raise ConfigError(f"{problem}: two drivers would fight over the arm. Stop the other one (a teleop, "
+                                  "deploy or record still running, or a colleague's node), or pass "
+                                  "allow_other_writers=true where that writer belongs (e.g. a safety node)")
+            self._watch = threading.Thread(target=self._watch_writers, args=(view,), name="writer-watch", daemon=True)
+            self._watch.start()
+
+    def other_writers_problem(self, count: Any = None) -> str | None:
+        """'N other writer(s) on <topic>' for the first command topic someone else publishes on, or
+        None. `count(topic)`: the transport's other_writers, or a watcher's own view of them."""
+        count = count or getattr(self.transport, "other_writers", None)
+        if count is None:
+            return None
+        for command in self.config.commands:
+            n = count(command.topic)
+            if n:
+                return f"{n} other writer{'s' if n > 1 else ''} on {command.topic}"
+        return None
+
+    def fault(self) -> str | None:
+        """Once per tick in the episode loop: a reason to stop now (a writer appeared on a command
+        topic), else None. An attribute read: the watch thread does the asking (a call into DDS
+        here would let go of the GIL, and a policy thread could then hold the tick up for a
+        switch interval)."""
+        return self._writer_problem
+
+    def _watch_writers(self, view: Any) -> None:
+        """Every WRITER_POLL_S: has DDS discovered a writer appear or go? If so, recount (a
+        transport without a view, rclpy's, is recounted every time)."""
+        while not self._stop_watch.wait(WRITER_POLL_S):
+            try:
+                if view is not None and not view.changed():
+                    continue
+                problem = self.other_writers_problem(view.others if view is not None else None)
+            except Exception:  # noqa: BLE001 - the transport closing under the thread: nothing more to watch
+                return
+            if problem:
+                self._writer_problem = f"{problem} appeared mid-run: stopped; the arm holds its last command"
+                return
 
     @property
     def last_update(self) -> float | None:
@@ -394,6 +466,9 @@ class Ros2Robot:
                 "message size is not the controller's (it refuses them)")
 
     def close(self) -> None:
+        self._stop_watch.set()
+        if self._watch is not None:
+            self._watch.join(timeout=2 * WRITER_POLL_S + 1.0)
         if self.transport is not None:
             self.transport.close()
 
