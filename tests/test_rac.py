@@ -319,9 +319,11 @@ def test_an_evaluation_in_parts_gives_the_same_rows_in_one_process_or_two(tmp_pa
 
     assert shard_spans(100, 2) == [(0, 50), (50, 50)] and shard_spans(5, 2) == [(0, 2), (2, 3)]
     assert shard_spans(1, 2) == [(0, 1)]
-    # the pre-trained row beside RaC's round: every part in the spawned process
+    # the pre-trained row beside RaC's round: every part in the spawned process; and one that fails
     in_child = EvaluationProcess(checkpoints["state"], "cpu", "transfer_cube", {"n_action_steps": 8}, shard_spans(2, 2),
                                  1, 300, tmp_path / "child", videos=1)
+    failing = EvaluationProcess(tmp_path / "nowhere.pt", "cpu", "transfer_cube", {"n_action_steps": 8},
+                                shard_spans(2, 2), 1, 300, None, videos=0)
     policy = load_policy(read_checkpoint(checkpoints["state"]))
     args = (policy, "transfer_cube", {"n_action_steps": 8}, 2, 1, 300, 2)
     here = evaluate_with_recoveries(*args, tmp_path / "here", videos=1, shards=2, progress=False)
@@ -332,9 +334,9 @@ def test_an_evaluation_in_parts_gives_the_same_rows_in_one_process_or_two(tmp_pa
     # its video of episode 300 (the arms move by the barely trained policy's noise) is the one rendered here
     videos = [Path(here["videos"][0]), Path(child_parts[0].videos[0])]
     assert videos[0].name == videos[1].name == "seed300_fail.mp4" and videos[0].read_bytes() == videos[1].read_bytes()
-    # the after-RaC row: the first part here, the second beside it; a failing process is an error here
+    # an error in the spawned process is raised here
     with pytest.raises(RoboRLError, match="nowhere.pt"):
-        evaluate_with_recoveries(*args, None, shards=2, progress=False, beside=(tmp_path / "nowhere.pt", "cpu"))
+        failing.parts()
 
 
 def test_demos_from_a_store_of_another_task_or_too_short_is_one_line_naming_what_it_holds(tmp_path, capsys):

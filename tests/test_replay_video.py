@@ -4,8 +4,10 @@ size with segment labels, and episodes that cannot be replayed fail with one lin
 
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
+from conftest import robo_rl_in_process
 
 from robo_rl.data.schema import EpisodeMeta, Segment
 from robo_rl.data.store import EpisodeStore
@@ -120,11 +122,15 @@ def test_video_rerenders_a_state_only_store_and_colours_segments(stores, tmp_pat
     assert first[1] > first[0] + 60 and last[0] > last[1] + 60, (first, last)
 
 
-def test_episode_without_initial_state_is_a_one_line_error(stores, tmp_path):
-    _one_line_error(_cli("replay", f"dataset={stores['bare']}", "episode=0"), "no recorded initial state")
-    _one_line_error(_cli("video", f"dataset={stores['bare']}", "source=render", f"out={tmp_path / 'x.mp4'}"),
+def test_episode_without_initial_state_is_a_one_line_error(stores, tmp_path, capsys):
+    def refused(*args: str) -> SimpleNamespace:  # in this process: a refusal needs no interpreter start-up
+        code, err = robo_rl_in_process(capsys, *args)
+        return SimpleNamespace(returncode=code, stdout="", stderr=err)
+
+    _one_line_error(refused("replay", f"dataset={stores['bare']}", "episode=0"), "no recorded initial state")
+    _one_line_error(refused("video", f"dataset={stores['bare']}", "source=render", f"out={tmp_path / 'x.mp4'}"),
                     "no recorded initial state")
     assert not (tmp_path / "x.mp4").exists()
-    _one_line_error(_cli("replay", f"dataset={stores['state']}", "episode=7"), "out of range")
-    _one_line_error(_cli("replay", f"dataset={tmp_path / 'nope'}"), "no such store")
-    _one_line_error(_cli("video", f"dataset={stores['state']}", "source=stored"), "no frames of camera")
+    _one_line_error(refused("replay", f"dataset={stores['state']}", "episode=7"), "out of range")
+    _one_line_error(refused("replay", f"dataset={tmp_path / 'nope'}"), "no such store")
+    _one_line_error(refused("video", f"dataset={stores['state']}", "source=stored"), "no frames of camera")

@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from conftest import robo_rl_cli as _cli
+from conftest import robo_rl_in_process
 from sim_bridge_proc import ROOT, start_bridge, stop_bridge
 
 from robo_rl.errors import ConfigError
@@ -65,7 +65,7 @@ def test_the_environment_sets_the_discovery_scope_as_ros_2_reads_it(capsys):
             resolve_scope(bad, "r.yaml: ros2")
 
 
-def test_deploy_refuses_a_command_topic_another_process_writes_and_stops_when_one_appears(checkpoints):
+def test_deploy_refuses_a_command_topic_another_process_writes_and_stops_when_one_appears(checkpoints, capsys):
     """One driver per arm: a second writer on a command topic makes deploy refuse to start (one
     line, the topic, the count); one that appears mid-run stops it; the bridge counts them."""
     dom = 30 + (os.getpid() + 11) % 70
@@ -74,19 +74,19 @@ def test_deploy_refuses_a_command_topic_another_process_writes_and_stops_when_on
     try:
         rogue = _writer(dom, LEFT)
         args = ("deploy", f"checkpoint={checkpoints['qpos']}", "robot=aloha", f"domain_id={dom}", "duration=30")
-        r = _cli(*args)
-        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stdout + r.stderr
-        assert f"1 other writer on {LEFT}" in r.stderr and "allow_other_writers=true" in r.stderr
-        assert "discovery SUBNET (the ROS 2 default)" in r.stdout
+        code, err = robo_rl_in_process(capsys, *args)  # the refusal in this process: no second torch start-up
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        assert f"1 other writer on {LEFT}" in err and "allow_other_writers=true" in err
         rogue.send_signal(signal.SIGINT)  # it exits as a process does, its writer disposed (a SIGKILL's lingers 10 s)
         rogue.wait()
         # the writer is gone: deploy runs; a writer that appears mid-run stops it (maybe before its first tick)
         deploy = subprocess.Popen([sys.executable, "-m", "robo_rl.cli.main", *args], stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, "MUJOCO_GL": "egl"})
-        line = ""
-        while "deploy flow on aloha" not in line:
-            line = deploy.stdout.readline()
-            assert line or deploy.poll() is None, deploy.stderr.read()
+        lines = [""]
+        while "deploy flow on aloha" not in lines[-1]:
+            lines.append(deploy.stdout.readline())
+            assert lines[-1] or deploy.poll() is None, deploy.stderr.read()
+        assert any("discovery SUBNET (the ROS 2 default)" in line for line in lines), lines
         rogue = _writer(dom, LEFT)
         appeared = time.monotonic()
         out, err = deploy.communicate(timeout=30)

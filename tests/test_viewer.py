@@ -16,7 +16,7 @@ import pytest
 
 rr = pytest.importorskip("rerun")
 
-from conftest import robo_rl_cli  # noqa: E402
+from conftest import robo_rl_cli, robo_rl_in_process  # noqa: E402
 from episodes import make_episode, small_schema  # noqa: E402
 from pty_session import PtySession  # noqa: E402
 
@@ -212,7 +212,7 @@ def test_record_with_view_true_streams_its_steps_to_an_rrd(tmp_path):
     assert static["/obs/qpos"]["SeriesLines:names"][0][0] == "left_waist"  # joint names from the robot's spec
 
 
-def test_bad_input_is_one_line(tmp_path):
+def test_bad_input_is_one_line(tmp_path, capsys):
     with make_store(tmp_path / "store", cameras=False, episodes=2):
         pass
     no_display = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
@@ -229,9 +229,13 @@ def test_bad_input_is_one_line(tmp_path):
               {**os.environ, "PYTHONPATH": f"{blocked}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"},
               "the Rerun viewer needs rerun-sdk: pip install 'robo_rl[viz]'")]
     for args, env, message in cases:
-        r = run_cli(args, env)
-        err = r.stderr.strip()
-        assert r.returncode == 2 and message in err and len(err.splitlines()) == 1 and err.startswith("error:"), (args, err)
+        if env is None:  # in this process: the refusals that need no other environment (1-2 s of start-up each)
+            code, err = robo_rl_in_process(capsys, *args)
+        else:
+            r = run_cli(args, env)
+            code, err = r.returncode, r.stderr
+        err = err.strip()
+        assert code == 2 and message in err and len(err.splitlines()) == 1 and err.startswith("error:"), (args, err)
     assert not (tmp_path / "a.rrd").exists() and not (tmp_path / "r").exists()
 
 
