@@ -136,9 +136,10 @@ def run(cfg: DictConfig) -> int:
     def evaluate(policy: Any, name: str, checkpoint: Path) -> dict[str, Any]:
         if side_by_side and parts > 1:
             print(f"   ({n_eval} episodes in {parts} parts, two processes; the bar shows the first part)")
-        return evaluate_with_recoveries(policy, cfg.task, chunking, n_eval, int(cfg.n_envs), 100_000, 5,
-                                        out / f"eval-{name}", videos=int(cfg.videos), shards=parts,
-                                        beside=(checkpoint, device) if side_by_side else None)
+        with one_thread():  # as in the second process, whatever the parts
+            return evaluate_with_recoveries(policy, cfg.task, chunking, n_eval, int(cfg.n_envs), 100_000, 5,
+                                            out / f"eval-{name}", videos=int(cfg.videos), shards=parts,
+                                            beside=(checkpoint, device) if side_by_side else None)
 
     def learner(steps: int, lr: float, warmup: int, **more: Any) -> LearnerConfig:
         return LearnerConfig(steps=steps, batch_size=int(s["batch_size"]), lr=lr, warmup_steps=warmup,
