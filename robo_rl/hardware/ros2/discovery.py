@@ -75,8 +75,13 @@ def _xml_attr(value: str) -> str:
     return value.replace("&", "&amp;").replace('"', "&quot;").replace("<", "&lt;").replace(">", "&gt;")
 
 
+_WARNED: set[str] = set()
+
+
 def _warn(message: str) -> None:
-    print(f"warning: {message}", file=sys.stderr)
+    if message not in _WARNED:  # the scope is read more than once per command (the description, the transport)
+        _WARNED.add(message)
+        print(f"warning: {message}", file=sys.stderr)
 
 
 def domain_from_env(env: Mapping[str, str] | None = None) -> tuple[int, str]:
