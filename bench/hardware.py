@@ -86,6 +86,17 @@ def main() -> None:
         writer_check(console, predict, max(args.seconds, 5.0))
 
 
+def start_bridge(domain: int, part: str) -> subprocess.Popen:
+    """`robo-rl sim-bridge` on `domain` in another process, once it says it is serving (stop it with SIGINT)."""
+    bridge = subprocess.Popen([sys.executable, "-m", "robo_rl.cli.main", "sim-bridge", f"domain_id={domain}"],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                              env={**os.environ, "TQDM_DISABLE": "1"})
+    if "serving" not in bridge.stdout.readline():
+        bridge.kill()
+        raise SystemExit(f"bench ({part}): the sim-bridge did not start")
+    return bridge
+
+
 def pct(x, q) -> str:
     return f"{np.percentile(x, q):.2f}" if len(x) else "-"
 
@@ -117,12 +128,8 @@ def dds_latency(console, predict, seconds: float) -> None:
     from robo_rl.hardware.safety import SafetyConfig, SafetyFilter, Watchdog
 
     domain = 200 + os.getpid() % 30
-    bridge = subprocess.Popen([sys.executable, "-m", "robo_rl.cli.main", "sim-bridge", f"domain_id={domain}"],
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                              env={**os.environ, "TQDM_DISABLE": "1"})
+    bridge = start_bridge(domain, "b")
     try:
-        if "serving" not in bridge.stdout.readline():
-            raise SystemExit("bench (b): the sim-bridge did not start")
         transport = DdsTransport(domain)
         delivery: list[float] = []
         lock = threading.Lock()
@@ -214,14 +221,10 @@ def writer_check(console, predict, seconds: float) -> None:
     from robo_rl.hardware.safety import SafetyConfig, SafetyFilter, Watchdog
 
     domain = 200 + (os.getpid() + 7) % 30
-    bridge = subprocess.Popen([sys.executable, "-m", "robo_rl.cli.main", "sim-bridge", f"domain_id={domain}"],
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                              env={**os.environ, "TQDM_DISABLE": "1"})
+    bridge = start_bridge(domain, "d")
     cfg = SafetyConfig.from_yaml("aloha")
     rows, stops, call_us = {True: [], False: []}, [], []
     try:
-        if "serving" not in bridge.stdout.readline():
-            raise SystemExit("bench (d): the sim-bridge did not start")
         transport = DdsTransport(domain)
 
         fault_us: list[float] = []

@@ -91,9 +91,8 @@ def evaluate_with_recoveries(policy: Any, task: str, chunking: Mapping[str, Any]
              if beside is not None and len(spans) > 1 else None)
     try:
         with one_thread() if len(spans) > 1 else contextlib.nullcontext():
-            parts = [run_eval(policy, task, chunking, n, n_envs, seed + start, videos if start == 0 else 0, out,
-                              count_recoveries=True, predict=predict, progress=progress)
-                     for start, n in (spans[:1] if child else spans)]
+            parts = run_parts(policy, task, chunking, spans[:1] if child else spans, n_envs, seed, out, videos,
+                              predict, progress)
     except BaseException:
         if child is not None:
             child.cancel()
@@ -119,7 +118,7 @@ def recovery_row(summary: Any, max_recoveries: int, out: Path | None) -> dict[st
 # ---------------------------------------------------------------------- an evaluation beside other work
 # The twin steps on one core, so on a 2-core laptop an evaluation can run beside RaC's rollouts, or
 # in two halves at once. A part's result depends only on its episodes, its noise seed and torch's
-# thread count, which is 1 in every part (ONE_THREAD), wherever the part runs.
+# thread count, which is 1 in every part (`one_thread`), wherever the part runs.
 
 def shard_spans(episodes: int, shards: int) -> list[tuple[int, int]]:
     """(first episode, episodes) of each of `shards` consecutive parts: 100 in 2 -> (0, 50), (50, 50)."""
@@ -164,9 +163,17 @@ def evaluate_parts(checkpoint: str, device: str, task: str, chunking: Mapping[st
 
     policy = load_policy(read_checkpoint(Path(checkpoint)), device=device)
     with one_thread():
-        return [run_eval(policy, task, chunking, n, n_envs, seed + start, videos if start == 0 else 0,
-                         Path(out) if out else None, count_recoveries=True, progress=False)
-                for start, n in spans]
+        return run_parts(policy, task, chunking, spans, n_envs, seed, Path(out) if out else None, videos,
+                         progress=False)
+
+
+def run_parts(policy: Any, task: str, chunking: Mapping[str, Any], spans: list[tuple[int, int]], n_envs: int,
+              seed: int, out: Path | None, videos: int, predict: Any = None, progress: bool = True) -> list[Any]:
+    """The EvalSummary of each (first episode, episodes) part, one after the other: a part's noise
+    seed is its first episode's, and only the part that starts at episode 0 records videos."""
+    return [run_eval(policy, task, chunking, n, n_envs, seed + start, videos if start == 0 else 0, out,
+                     count_recoveries=True, predict=predict, progress=progress)
+            for start, n in spans]
 
 
 class EvaluationProcess:
