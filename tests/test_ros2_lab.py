@@ -17,7 +17,7 @@ from conftest import robo_rl_in_process
 from sim_bridge_proc import ROOT, start_bridge, stop_bridge
 
 from robo_rl.errors import ConfigError
-from robo_rl.hardware.ros2.discovery import DiscoveryScope, resolve_scope, scope_from_env
+from robo_rl.hardware.ros2.discovery import DESCRIPTION, DiscoveryScope, rcl_environment, resolve_scope, scope_from_env
 
 # a process that publishes on a topic until killed: "up" once its writer exists
 WRITER = """
@@ -63,6 +63,20 @@ def test_the_environment_sets_the_discovery_scope_as_ros_2_reads_it(capsys):
                       ({"range": "OFF", "static_peers": ["h"]}, "mean nothing")):
         with pytest.raises(ConfigError, match=says):
             resolve_scope(bad, "r.yaml: ros2")
+
+
+def test_a_descriptions_scope_reaches_rcl_through_the_variables_each_distro_reads():
+    """The rclpy path: rcl reads ROS 2's variables at init, so a description's scope is handed on
+    through them; a reach Humble cannot express is refused, never silently widened."""
+    local = DiscoveryScope("LOCALHOST", (), 0, DESCRIPTION)
+    assert rcl_environment(local, "humble") == {"ROS_AUTOMATIC_DISCOVERY_RANGE": "LOCALHOST",
+                                                "ROS_STATIC_PEERS": None, "ROS_LOCALHOST_ONLY": "1"}
+    peers = DiscoveryScope("SUBNET", ("10.0.0.5", "arm-pc"), 0, DESCRIPTION)
+    assert rcl_environment(peers, "jazzy") == {"ROS_AUTOMATIC_DISCOVERY_RANGE": "SUBNET",
+                                               "ROS_STATIC_PEERS": "10.0.0.5;arm-pc", "ROS_LOCALHOST_ONLY": None}
+    for scope in (peers, DiscoveryScope("OFF", (), 0, DESCRIPTION)):
+        with pytest.raises(ConfigError, match="Humble's rcl knows only ROS_LOCALHOST_ONLY"):
+            rcl_environment(scope, "humble")
 
 
 def test_deploy_refuses_a_command_topic_another_process_writes_and_stops_when_one_appears(checkpoints, capsys):

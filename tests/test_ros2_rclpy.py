@@ -55,3 +55,26 @@ def test_rclpy_and_dds_transports_see_each_other():
     assert got and got[0].position == [1.5]
     ros.close()
     dds.close()
+
+
+@needs_rclpy
+def test_rclpy_counts_another_robo_rl_node_as_another_writer():
+    """One driver per arm on the rclpy path: a second robo_rl (its own node) publishing on a
+    command topic is another writer; this node's own publisher is not."""
+    import time
+
+    from robo_rl.hardware.ros2.messages import Float64MultiArray
+    from robo_rl.hardware.ros2.rclpy_transport import RclpyTransport
+
+    mine, theirs = RclpyTransport(192), RclpyTransport(192)
+    try:
+        mine.publisher("/left/cmd", Float64MultiArray)
+        assert mine.other_writers("/left/cmd") == 0
+        theirs.publisher("/left/cmd", Float64MultiArray)
+        deadline = time.monotonic() + 5
+        while mine.other_writers("/left/cmd") == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert mine.other_writers("/left/cmd") == 1
+    finally:
+        mine.close()
+        theirs.close()

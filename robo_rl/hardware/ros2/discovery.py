@@ -36,6 +36,7 @@ from typing import Any, Mapping
 from robo_rl.errors import ConfigError
 
 RANGES = ("SUBNET", "LOCALHOST", "OFF", "SYSTEM_DEFAULT")
+DESCRIPTION = "the robot description"  # a scope's source when the description set it
 MAX_PARTICIPANT_INDEX = 32  # rmw_cyclonedds: unicast discovery reaches participants 0..32 on each peer
 
 
@@ -69,6 +70,23 @@ class DiscoveryScope:
             return ("<General><AllowMulticast>false</AllowMulticast></General>"
                     f"<Discovery><ParticipantIndex>none</ParticipantIndex><Tag>{tag}</Tag></Discovery>")
         return ""
+
+
+def rcl_environment(scope: DiscoveryScope, distro: str | None = None) -> dict[str, str | None]:
+    """The ROS 2 variables that give rcl `scope` (for the rclpy transport, where rcl reads them at
+    init): name -> value, None to unset. `distro` (ROS_DISTRO): Humble's rcl knows only
+    ROS_LOCALHOST_ONLY, so a range it cannot express there is an error rather than a wider reach."""
+    env: dict[str, str | None] = {"ROS_AUTOMATIC_DISCOVERY_RANGE": scope.range,
+                                  "ROS_STATIC_PEERS": ";".join(scope.static_peers) or None,
+                                  # Jazzy still honours ROS_LOCALHOST_ONLY=1 over the range: keep it for
+                                  # LOCALHOST alone, and clear it for every other range
+                                  "ROS_LOCALHOST_ONLY": "1" if scope.range == "LOCALHOST" and not scope.static_peers
+                                  else None}
+    if (distro or "").lower() == "humble" and (scope.range == "OFF" or scope.static_peers):
+        raise ConfigError(f"discovery {scope.range}{' with static peers' if scope.static_peers else ''} "
+                          f"({scope.source}): ROS 2 Humble's rcl knows only ROS_LOCALHOST_ONLY. Use "
+                          "transport=dds, or set the reach in your CYCLONEDDS_URI and drop it from the description")
+    return env
 
 
 def _xml_attr(value: str) -> str:
@@ -140,4 +158,4 @@ def resolve_scope(description: Mapping[str, Any] | None, where: str, domain_id: 
     if peers and rng in ("OFF", "SYSTEM_DEFAULT"):
         raise ConfigError(f"{where}.discovery: static_peers mean nothing with range {rng}; drop them or use "
                           "SUBNET or LOCALHOST")
-    return DiscoveryScope(rng, tuple(peers), base.domain_id, "the robot description")
+    return DiscoveryScope(rng, tuple(peers), base.domain_id, DESCRIPTION)

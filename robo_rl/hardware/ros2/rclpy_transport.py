@@ -14,6 +14,7 @@ import array
 import dataclasses
 import os
 import importlib
+import itertools
 import threading
 import typing
 from dataclasses import fields, is_dataclass
@@ -78,25 +79,34 @@ def from_ros(rmsg: Any, cls: type) -> Any:
     return cls(**values)
 
 
+_NODES = itertools.count()
+
+
 class RclpyTransport:
     """Publishers and subscriptions on one rclpy node, spun in a background thread."""
 
     name = "rclpy"
 
-    def __init__(self, domain_id: int = 0, node_name: str = "robo_rl", scope: Any = None):
+    def __init__(self, domain_id: int = 0, node_name: str | None = None, scope: Any = None):
         import rclpy
         from rclpy.executors import SingleThreadedExecutor
 
+        from robo_rl.hardware.ros2.discovery import DESCRIPTION, rcl_environment
+
         self.domain_id = int(domain_id)
         self.scope = scope
-        if scope is not None and scope.source == "the robot description":
+        if scope is not None and scope.source == DESCRIPTION:
             # rcl reads the discovery variables at init: the description's scope goes in through them
-            os.environ.pop("ROS_LOCALHOST_ONLY", None)
-            os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = scope.range
-            os.environ["ROS_STATIC_PEERS"] = ";".join(scope.static_peers)
+            for name, value in rcl_environment(scope, os.environ.get("ROS_DISTRO")).items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
         self._context = rclpy.Context()
         rclpy.init(context=self._context, domain_id=self.domain_id)
-        self.node = rclpy.create_node(node_name, context=self._context)
+        # a name of its own: other_writers() tells this node's publishers from everyone else's by
+        # it, and a second robo_rl (a forgotten teleop) must count as someone else
+        self.node = rclpy.create_node(node_name or f"robo_rl_{os.getpid()}_{next(_NODES)}", context=self._context)
         self._executor = SingleThreadedExecutor(context=self._context)
         self._executor.add_node(self.node)
         self._thread = threading.Thread(target=self._executor.spin, name="rclpy", daemon=True)
