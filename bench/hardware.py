@@ -27,7 +27,6 @@
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import signal
 import subprocess
@@ -269,8 +268,8 @@ def writer_check(console, predict, seconds: float) -> None:
 
             rep = loop(False, 30.0, appear)
             stops.append((time.monotonic() - created[0]) * 1e3 if created and rep.stopped_reason else float("nan"))
-            rogue.clear()  # its participant and writer deleted, and gone from discovery before the next run
-            gc.collect()
+            if rogue:
+                rogue[0].close()  # its participant and writer deleted, and gone from discovery before the next run
             time.sleep(1.0)
     finally:
         bridge.send_signal(signal.SIGINT)
