@@ -30,7 +30,8 @@
   and where the cube ends, against the demos.
 - `latch` (PackCube, either variant; any policy): after the cube is in the box, where the right
   hand goes relative to the latch button and how deep the button goes, rollouts that latched
-  (the reference, in the same store) against those that ran out of time with the cube in the box.
+  (the reference, in the same store) against those that ran out of time with the cube in the box,
+  and why those did not latch (with `--eval EVAL_JSON`, split by whether the cube slipped).
 
     python bench/camera_diagnosis.py probe --dataset data/demos/tc_cams [--checkpoint RUN/checkpoints/last.pt]
     python bench/camera_diagnosis.py openloop --dataset data/demos/tc_cams --checkpoint RUN/checkpoints/last.pt
@@ -41,7 +42,7 @@
     python bench/camera_diagnosis.py aim --dataset data/demos/insertion_cams --rollouts ROLLOUTS [--checkpoint RUN/checkpoints/last.pt]
     python bench/camera_diagnosis.py grip --rollouts ROLLOUTS [--grips 8 9 10 12]
     python bench/camera_diagnosis.py handover --dataset data/demos/transfer_cube_cams --rollouts ROLLOUTS
-    python bench/camera_diagnosis.py latch --rollouts ROLLOUTS     # ROLLOUTS: robo-rl eval ... record=ROLLOUTS
+    python bench/camera_diagnosis.py latch --rollouts ROLLOUTS [--eval OUT/eval.json]  # robo-rl eval ... record=ROLLOUTS out=OUT
 """
 
 from __future__ import annotations
@@ -544,7 +545,12 @@ def run_latch(args) -> None:
     robot, task = env.robot, env.task
     in_box, latched = task.stage_names.index("cube_in_box"), task.stage_names.index("latched")
     site = robot.model.site("right_ee").id
-    stage, state, qpos = (np.asarray(store.read(k)) for k in ("stage", "obs/env_state", "obs/qpos"))
+    stage, state, qpos, action = (np.asarray(store.read(k)) for k in ("stage", "obs/env_state", "obs/qpos", "action"))
+    grip = robot.spec.action_dim - 1  # the right gripper's command (0 closed .. 1 open)
+    slipped = {}  # seed -> the cube slipped in that episode, from the evaluation's eval.json (--eval)
+    if args.eval:
+        slipped = {int(e["seed"]): bool(e["disturbed"]) for e in json.loads(Path(args.eval).read_text())["per_episode"]}
+    why: dict[str, list[int]] = {}  # the episodes that did not latch, by what the hand did: [clean, slipped]
     facts: dict[str, list] = {}
     for e in range(store.n_episodes):
         s, end = store.episode_range(e)
@@ -564,6 +570,17 @@ def run_latch(args) -> None:
         dist, height = np.array(dist) * 100, np.array(height) * 100
         near = dist < 2.0
         group = "latched" if stage[end - 1] >= latched else "cube in the box, not latched"
+        if group != "latched":
+            # opening wide (the demos' grip before a grasp) over a placed cube: the policy goes back to grasping it
+            if (state[t0:end, 2] > 0.06).any():
+                kind = "took the cube back out of the box"
+            elif (action[t0:end, grip] > 0.8).any():
+                kind = "opened the hand wide over the box"
+            elif near.any():
+                kind = "at the button, did not press it down"
+            else:
+                kind = "never went to the button"
+            why.setdefault(kind, [0, 0])[int(slipped.get(int(store.meta(e).extra.get("seed", -1)), False))] += 1
         facts.setdefault(group, []).append((dist.min(), height[near].min() if near.any() else np.nan, min(press) * 1000,
                                             (dist < 5.0).mean(), end - t0, float(dist.min() >= 5.0)))
     rows = []
@@ -577,6 +594,9 @@ def run_latch(args) -> None:
          f"at {task.latch_q * 1000:.0f} mm; {cpu_kind()})",
          ["episodes", "n", "closest to the button, across (cm)", "never within 5 cm", "lowest over its top within 2 cm (cm)",
           "button's deepest recorded (mm)", "steps within 5 cm", "steps from cube in box to latch / end"], rows)
+    split = " (clean / the cube slipped, from --eval)" if slipped else ""
+    show(f"{task_name}: why the cube in the box was not latched{split}", ["what the right hand did", "episodes"],
+         [(k, f"{v[0]} / {v[1]}" if slipped else str(v[0])) for k, v in sorted(why.items())])
 
 
 def run_openloop(args) -> None:

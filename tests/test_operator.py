@@ -77,6 +77,25 @@ def test_a_recovery_leaves_an_arm_the_task_never_uses_where_it_is():
     assert info["stage"] >= 2
 
 
+def test_a_cube_picked_back_out_of_its_box_is_let_go_and_the_latch_corrected():
+    """PackCube without its lid: once the cube is in the box the policy closes on it again and
+    lifts it out. The recovery lets go of it (it falls back into the box) instead of carrying it
+    out, the failure itself; the correction then presses the latch."""
+    def regrasp(env, a, k, seen={"in_box": False}):
+        seen["in_box"] = seen["in_box"] or env.task.stage(env.robot) >= 2
+        if seen["in_box"]:
+            a = a.copy()
+            a[13] = 0.0
+        return a
+
+    env, ctl, labels, actions, info = run("pack_cube_nolid", regrasp, steps=1000)
+    rec = ctl.interventions[0]
+    assert "regressed from cube_in_box" in rec.reason, rec.reason
+    recovery = np.flatnonzero(np.array(labels) == Segment.RECOVERY)
+    assert actions[recovery[:int(0.4 * env.robot.spec.control_hz)], 13].max() > 0.9, "the hand opens first"
+    assert Segment.CORRECTION in labels and info["stage"] == 3  # latched: the episode ends with the task done
+
+
 def test_a_policy_that_stalls_is_taken_over_for_lack_of_progress():
     frozen = {}
 

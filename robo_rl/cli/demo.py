@@ -89,6 +89,7 @@ def run(cfg: DictConfig) -> int:
     from robo_rl.sim.evaluate import (EvaluationProcess, evaluate_with_recoveries, merge_shards, one_thread,
                                       recovery_row, seeded_noise, shard_spans)
     from robo_rl.sim.interventions import collect_interventions
+    from robo_rl.sim.operator import OperatorConfig
     from robo_rl.sim.tasks import TASKS
 
     device = resolve_device(str(cfg.device))
@@ -202,6 +203,7 @@ def run(cfg: DictConfig) -> int:
     ft = learner(int(steps), float(lr), warmup, weighted_sampling=True, loss_weights=False)
     how = "retrain" if from_scratch else "fine-tune"
     composition = CompositionConfig(**(OmegaConf.to_container(cfg.composition, resolve=True) or {}))
+    operator = OperatorConfig(**(OmegaConf.to_container(cfg.operator_config, resolve=True) or {}))
     policy_now, total_samples, rounds, round_stores = base, 0, [], []
     for r in range(1, int(s["rounds"]) + 1):
         store = out / "interventions" / f"round{r}"
@@ -215,7 +217,7 @@ def run(cfg: DictConfig) -> int:
                 return collect_interventions(predictor(policy_now), cfg.task, obs_keys, base.config.n_obs,
                                              base.config.horizon, ChunkingConfig(**chunking), store,
                                              int(s["episodes_per_round"]), seed=200_000 + 100 * r, mode="rac",
-                                             n_envs=int(cfg.n_envs), image_size=image_size).to_dict()
+                                             n_envs=int(cfg.n_envs), operator=operator, image_size=image_size).to_dict()
 
         try:
             st = stages.run(f"3 RaC rollouts, round {r}", collect)

@@ -17,7 +17,8 @@ Then it follows the RaC rules:
 1. RECOVERY: back to a familiar, in-distribution state for the sub-task already attempted: open
    grippers that hold nothing useful, lift away, return to the sub-task's pre-grasp pose (the
    first pose the demos' expert goes to for this stage). A hand still on the sub-task's object
-   (a lid that tilted on the rim while being lowered) closes on it and lifts it back up instead.
+   (a lid that tilted on the rim while being lowered) closes on it and lifts it back up instead;
+   a hand holding what the lost stage did not need (a cube picked back out of its box) lets go.
    Only when the scene has gone wrong (a sub-task came undone, a grasp closed on air). After a
    stall nothing is out of place: the policy holds a pose the demos pass through (most often the
    cube lowered into the box, the gripper never opening), so the state is already familiar and a
@@ -237,6 +238,15 @@ class SimOperator:
         """Open what holds nothing useful, lift away, go to the sub-task's pre-grasp pose."""
         env, robot = self.env, self.env.robot
         holding = {arm for arm, geom in env.task.grasp_targets(stage) if grasped(robot, geom, arm)}
+        # After a regression, a hand that holds an object the lost stage did not need (a cube picked
+        # back out of the box it had been put in) lets go of it: that grasp is the failure. Kept,
+        # the recovery closed on the cube and lifted it out, the very failure, and a retrain on such
+        # rounds took the cube out of the box after placing it in 11 of 100 episodes (2 before RaC).
+        let_go = set()
+        if self._regressed:
+            lost_stage_needs = set(env.task.grasp_targets(self._max_stage))
+            let_go = {arm for arm, geom in env.task.grasp_targets(stage) if arm in holding and (arm, geom) not in lost_stage_needs}
+            holding -= let_go
         # After a regression, a hand still on the sub-task's object with one finger (a lid being
         # lowered that tilted on the rim) keeps it: it closes, lifts it back up and holds it there
         # for the correction to place again, as a person would, instead of letting go and backing
@@ -244,7 +254,7 @@ class SimOperator:
         # without them; keeping the lid gave 24-32%: not the fix, README "sixth round".)
         kept = set()
         if self._regressed:
-            kept = {arm for arm, geom in env.task.grasp_targets(stage) if touching_any_finger(robot, geom, arm)} - holding
+            kept = {arm for arm, geom in env.task.grasp_targets(stage) if touching_any_finger(robot, geom, arm)} - holding - let_go
         holding |= kept
         # An arm that the rest of the task never moves (PackCube without its lid: the left arm) stays
         # where it is. Lifted away, it stayed up for the whole correction, the demos never move it,
