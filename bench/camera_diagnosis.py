@@ -538,6 +538,7 @@ def run_latch(args) -> None:
     import mujoco
 
     from robo_rl.sim.envs import BimanualEnv
+    from robo_rl.sim.expert import grip_index
 
     store = EpisodeStore.open(args.rollouts, mode="r")
     task_name = store.meta(0).task
@@ -546,7 +547,7 @@ def run_latch(args) -> None:
     in_box, latched = task.stage_names.index("cube_in_box"), task.stage_names.index("latched")
     site = robot.model.site("right_ee").id
     stage, state, qpos, action = (np.asarray(store.read(k)) for k in ("stage", "obs/env_state", "obs/qpos", "action"))
-    grip = robot.spec.action_dim - 1  # the right gripper's command (0 closed .. 1 open)
+    grip = grip_index(robot.spec, "right")  # the right gripper's command (0 closed .. 1 open)
     slipped = {}  # seed -> the cube slipped in that episode, from the evaluation's eval.json (--eval)
     if args.eval:
         slipped = {int(e["seed"]): bool(e["disturbed"]) for e in json.loads(Path(args.eval).read_text())["per_episode"]}

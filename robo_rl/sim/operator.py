@@ -239,9 +239,9 @@ class SimOperator:
         env, robot = self.env, self.env.robot
         holding = {arm for arm, geom in env.task.grasp_targets(stage) if grasped(robot, geom, arm)}
         # After a regression, a hand that holds an object the lost stage did not need (a cube picked
-        # back out of the box it had been put in) lets go of it: that grasp is the failure. Kept,
-        # the recovery closed on the cube and lifted it out, the very failure, and a retrain on such
-        # rounds took the cube out of the box after placing it in 11 of 100 episodes (2 before RaC).
+        # back out of the box it had been put in) lets go of it: that grasp is the failure. Kept, the
+        # recovery closed on the cube in the box and lifted it out, re-enacting the failure under the
+        # RECOVERY label (20 of 70 takeovers in a CPU demo round; docs/results.md, CPU demo row 24).
         let_go = set()
         if self._regressed:
             lost_stage_needs = set(env.task.grasp_targets(self._max_stage))
