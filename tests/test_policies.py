@@ -315,6 +315,24 @@ def test_weighted_mean_and_schedule():
     assert warmup_cosine(100, 10, 100, 0.1) == pytest.approx(0.1)
 
 
+def test_flow_sample_temperature_scales_the_starting_noise():
+    """sample_temperature t: the chunk sampled from noise z is the one sampled at temperature 1
+    from t * z (so 0 gives one chunk per observation), and it survives a checkpoint round trip."""
+    shapes = ObsShapes({"obs/qpos": 3}, {}, 2)
+    plain = make_policy("flow", TINY_MLP, shapes).eval()
+    cool = make_policy("flow", {**TINY_MLP, "sample_temperature": 0.5}, shapes).eval()
+    cool.load_state_dict(plain.state_dict())
+    cond, z = torch.randn(2, plain.config.obs_dim), torch.randn(2, 8, shapes.action_dim)
+    torch.testing.assert_close(cool.sample(cond, None, z), plain.sample(cond, None, 0.5 * z))
+    frozen = make_policy("flow", {**TINY_MLP, "sample_temperature": 0.0}, shapes).eval()
+    frozen.load_state_dict(plain.state_dict())
+    torch.testing.assert_close(frozen.sample(cond), frozen.sample(cond))
+    assert not torch.allclose(plain.sample(cond), plain.sample(cond))
+    assert policy_spec(cool)["config"]["sample_temperature"] == 0.5
+    with pytest.raises(ConfigError, match="sample_temperature"):
+        make_policy("flow", {**TINY_MLP, "sample_temperature": 1.5}, shapes)
+
+
 def test_ddim_steps_start_from_pure_noise():
     policy = make_policy("diffusion", TINY, ObsShapes({"obs/qpos": 3}, {}, 2))
     assert policy.ddim_timesteps(10) == [99, 89, 79, 69, 59, 49, 39, 29, 19, 9]

@@ -15,7 +15,7 @@
 
 `full=auto` (the default) runs the GPU sizes where CUDA is available (PackCube, 200 demos, 30k
 steps at batch 256) and the CPU sizes elsewhere (PackCube without its lid, 50 demos, 7000
-steps). `robo-rl rac` runs the longer comparison (HG-DAgger, more expert demos, several rounds).
+steps, the flow's starting noise at half scale). `robo-rl rac` runs the longer comparison (HG-DAgger, more expert demos, several rounds).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from robo_rl.errors import ConfigError
 # full=true: the same protocol as the CPU sizes (one round of 120 rollouts, 100 evaluation episodes)
 # with 4x the demos and 8.6x the training samples per training run, for a GPU
 FULL = {"demos": 200, "pretrain_steps": 30000, "batch_size": 256, "rounds": 1, "episodes_per_round": 120,
-        "finetune_steps": 10000, "eval_episodes": 100}
+        "finetune_steps": 10000, "eval_episodes": 100, "sample_temperature": 1.0}
 # task=auto: each size's task. At CPU sizes imitation seats PackCube's lid in only about half of the
 # episodes, a shortfall no recovery fixes; without the lid what is left is mostly the slips (issue 41)
 TASK_AT = {False: "pack_cube_nolid", True: "pack_cube"}
@@ -105,10 +105,15 @@ def run(cfg: DictConfig) -> int:
     if min(s["demos"], s["pretrain_steps"], s["finetune_steps"], s["rounds"], s["episodes_per_round"],
            s["eval_episodes"]) < 1:
         raise ConfigError(f"demo: every size must be >= 1, got {s}")
+    # the flow's starting-noise scale: each size's, unless policy.sample_temperature= is given
+    s["sample_temperature"] = float(cfg.policy.get("sample_temperature", s["sample_temperature"]))
+    if not 0.0 <= s["sample_temperature"] <= 1.0:
+        raise ConfigError(f"demo: sample_temperature={s['sample_temperature']} must be in [0, 1] (the flow's starting-noise scale)")
     out = Path(cfg.out)
     stages = Stages(out, cfg, bool(cfg.resume))
     t_start = time.perf_counter()
     policy_opts = OmegaConf.to_container(cfg.policy, resolve=True) or {}
+    policy_opts["sample_temperature"] = s["sample_temperature"]
     if cfg.obs == "state":
         cameras, image_size = [], None
         obs_keys = ["obs/qpos", "obs/env_state"]

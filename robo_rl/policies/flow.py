@@ -22,6 +22,10 @@ from robo_rl.policies.common import ChunkBody, ChunkConfig, ObsShapes, weighted_
 @dataclass
 class FlowConfig(ChunkConfig):
     inference_steps: int = 10       # K Euler steps
+    # Inference only: the starting noise is drawn at this scale (1: the learned distribution; < 1:
+    # nearer its most likely chunks). Full-scale draws from a small policy's tails can land in
+    # another sub-task's mode (docs/results.md, the CPU demo's row 27).
+    sample_temperature: float = 1.0
     time_sampling: str = "uniform"  # uniform | beta (Beta(a, b) on tau; a > b favours low noise, tau near 1)
     beta_a: float = 1.5
     beta_b: float = 1.0
@@ -38,6 +42,8 @@ class FlowConfig(ChunkConfig):
             raise ConfigError(f"policy.time_sampling={self.time_sampling!r}; choose uniform or beta")
         if self.inference_steps < 1:
             raise ConfigError(f"policy.inference_steps must be >= 1, got {self.inference_steps}")
+        if not 0.0 <= self.sample_temperature <= 1.0:
+            raise ConfigError(f"policy.sample_temperature must be in [0, 1], got {self.sample_temperature}")
         if self.noise_samples < 1 or self.aux_chunk_weight < 0:
             raise ConfigError(f"policy.noise_samples={self.noise_samples} must be >= 1 and policy.aux_chunk_weight="
                               f"{self.aux_chunk_weight} >= 0")
@@ -99,6 +105,8 @@ class FlowPolicy(nn.Module):
         k = steps or self.config.inference_steps
         b = cond.shape[0]
         x = noise if noise is not None else torch.randn(b, self.config.horizon, self.shapes.action_dim, device=cond.device)
+        if self.config.sample_temperature != 1.0:
+            x = x * self.config.sample_temperature
         dt = 1.0 / k
         for velocity in self.body.step_fns([i * dt * self.config.time_scale for i in range(k)], cond):
             x = x + dt * velocity(x)
