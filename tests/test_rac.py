@@ -292,6 +292,7 @@ def test_the_demo_runs_the_whole_story_at_toy_size(tmp_path):
     rac = read_checkpoint(out / "rac-round1" / "checkpoints" / "last.pt")
     assert rac["finetune"]["stores"] == [str(out / "demos"), str(out / "interventions" / "round1")]
     assert rac["step"] == 10
+    assert rac["policy"]["config"]["sample_temperature"] == 0.5  # the CPU sizes' noise scale, kept by the retrain
     assert res["control_is_pretraining"] and res["control"] == res["before"] and not (out / "control").exists()
     # full=auto on a machine without CUDA: the CPU sizes, and their task
     assert res["task"] == "pack_cube_nolid" and "pack_cube_nolid at CPU sizes" in r.stdout
@@ -299,6 +300,8 @@ def test_the_demo_runs_the_whole_story_at_toy_size(tmp_path):
     assert r.returncode == 2 and r.stderr.startswith("error:")
     r = _cli("demo", "full=maybe", f"out={tmp_path / 'bad'}")
     assert r.returncode == 2 and "full='maybe'" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = _cli("demo", "small.sample_temperature=3", f"out={tmp_path / 'bad-temperature'}")
+    assert r.returncode == 2 and "sample_temperature=3.0" in r.stderr and not (tmp_path / "bad-temperature").exists()
     out2 = tmp_path / "demo-finetune"
     r = _cli("demo", "small.demos=2", "small.pretrain_steps=10", "small.episodes_per_round=2", "small.finetune_steps=5",
              "small.eval_episodes=2", "n_envs=2", "threads=1", "videos=0", "from_scratch=false", f"out={out2}")

@@ -15,7 +15,8 @@
 
 `full=auto` (the default) runs the GPU sizes where CUDA is available (PackCube, 200 demos, 30k
 steps at batch 256) and the CPU sizes elsewhere (PackCube without its lid, 50 demos, 7000
-steps, the flow's starting noise at half scale). `robo-rl rac` runs the longer comparison (HG-DAgger, more expert demos, several rounds).
+steps, the flow's starting noise at half scale). `robo-rl rac` runs the longer comparison
+(HG-DAgger, more expert demos, several rounds).
 """
 
 from __future__ import annotations
