@@ -83,7 +83,7 @@ def run(cfg: DictConfig) -> int:
     from robo_rl.learn.from_store import policy_for_store
     from robo_rl.learn.learner import resolve_device
     from robo_rl.learn.recipes import camera_recipe
-    from robo_rl.policies import checkpoint_info, load_policy, read_checkpoint
+    from robo_rl.policies import FlowConfig, checkpoint_info, load_policy, read_checkpoint
     from robo_rl.policies.common import predictor
     from robo_rl.rac.mixing import CompositionConfig
     from robo_rl.runtime.chunking import ChunkingConfig
@@ -108,13 +108,12 @@ def run(cfg: DictConfig) -> int:
         raise ConfigError(f"demo: every size must be >= 1, got {s}")
     # the flow's starting-noise scale: each size's, unless policy.sample_temperature= is given
     s["sample_temperature"] = float(cfg.policy.get("sample_temperature", s["sample_temperature"]))
-    if not 0.0 <= s["sample_temperature"] <= 1.0:
-        raise ConfigError(f"demo: sample_temperature={s['sample_temperature']} must be in [0, 1] (the flow's starting-noise scale)")
+    policy_opts = OmegaConf.to_container(cfg.policy, resolve=True) or {}
+    policy_opts["sample_temperature"] = s["sample_temperature"]
+    FlowConfig.from_dict(policy_opts)  # the policy's own checks, before the run is written down or demos recorded
     out = Path(cfg.out)
     stages = Stages(out, cfg, bool(cfg.resume))
     t_start = time.perf_counter()
-    policy_opts = OmegaConf.to_container(cfg.policy, resolve=True) or {}
-    policy_opts["sample_temperature"] = s["sample_temperature"]
     if cfg.obs == "state":
         cameras, image_size = [], None
         obs_keys = ["obs/qpos", "obs/env_state"]

@@ -43,7 +43,7 @@ class FlowConfig(ChunkConfig):
         if self.inference_steps < 1:
             raise ConfigError(f"policy.inference_steps must be >= 1, got {self.inference_steps}")
         if not 0.0 <= self.sample_temperature <= 1.0:
-            raise ConfigError(f"policy.sample_temperature must be in [0, 1], got {self.sample_temperature}")
+            raise ConfigError(f"policy.sample_temperature={self.sample_temperature} must be in [0, 1] (the starting noise's scale)")
         if self.noise_samples < 1 or self.aux_chunk_weight < 0:
             raise ConfigError(f"policy.noise_samples={self.noise_samples} must be >= 1 and policy.aux_chunk_weight="
                               f"{self.aux_chunk_weight} >= 0")
