@@ -112,7 +112,7 @@ def main() -> None:
     ap = curve_arguments(__doc__)
     ap.add_argument("--seeds", nargs="+", type=int, default=[0], help="training seeds (learner.seed) per point")
     ap.add_argument("--steps", type=int, default=None,
-                    help="learner.steps, the schedule's cap (default: train's 7000, about 50 minutes of one core)")
+                    help="learner.steps, the schedule's cap (default: none, the steps that fit in the minutes)")
     ap.add_argument("--out", type=Path, default=Path("data/runs/curve"))
     ap.add_argument("--table", type=Path, default=None, help="only tabulate the runs under this folder")
     args = ap.parse_args()

@@ -15,12 +15,20 @@
     whether it has AVX512-BF16; without it bf16 is emulated and slower) and fp32 + torch.compile;
     (b3) camera policies, 2 cameras 96x96, batch 128, fp32 and bf16: the default (ResNet-18
     layout, DiT, 2 frames) against the conv encoder, one frame per window and the MLP backbone.
+(cameras) the camera recipe as `train` runs it (3 cameras 96x96 + qpos, the conv encoder, one frame, the
+    MLP backbone, 64-step chunks, 4 flow draws per window, the chunk regression, bf16 autocast where
+    the CPU computes bf16), before and now, in one run: "before" is the code path at the start of
+    the speed-up work, kept callable here (crops cut from float images by a gather per axis, NCHW;
+    the sampler's per-step FiLM), measured in rounds interleaved with "now" so that a shared
+    machine's drift falls on both. (t1) training steps/s at batch 128 on all threads, and with
+    torch.compile (--compile: ~40 s of compilation first); (t2) where a step's time goes;
+    (t3) one chunk at batch 1 (p50/p99, eager and frozen, K = 10 and 5 flow steps, 1 and 2 threads).
 (c) GPU (only when CUDA is available): first the demo's MLP policy through the Learner itself
     (sampling on the GPU, AdamW, EMA), eager against the replayed CUDA graph (`learner.cuda_graph`),
     fp32 and bf16; then the raw step (forward + backward + AdamW) at batch 256 for the default
     backbones, fp32 vs bf16 autocast, eager vs torch.compile (--learner-only skips these).
 
-    python bench/policy.py [--quick] [--only latency|train|cameras|gpu] [--learner-only] [--reps 200]
+    python bench/policy.py [--quick] [--only latency|train|cameras|gpu] [--learner-only] [--reps 200] [--compile]
 """
 
 from __future__ import annotations
@@ -29,15 +37,17 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import cpu_flags, make_console, table  # noqa: E402
+from common import cpu_flags, cpu_kind, make_console, table  # noqa: E402
 
 from robo_rl.policies import ObsShapes, make_policy  # noqa: E402
 from robo_rl.policies.common import FrozenPredictor  # noqa: E402
+from robo_rl.policies.nets import encoders  # noqa: E402
 
 LOWDIM = ObsShapes({"obs/qpos": 14, "obs/env_state": 7}, {}, 14)
 IMAGES = ObsShapes({"obs/qpos": 14}, {"obs/images/top": (96, 96), "obs/images/left_wrist": (96, 96)}, 14)
@@ -127,6 +137,198 @@ def train_rate(policy, shapes: ObsShapes, batch: int, device: str, seconds: floa
     return n / (time.perf_counter() - t0)
 
 
+# ----------------------------------------------------------------------------- the camera recipe, before and now
+CAMS3 = ObsShapes({"obs/qpos": 14}, {f"obs/images/{c}": (96, 96) for c in ("top", "left_wrist", "right_wrist")}, 14)
+RECIPE = {"image_encoder": "conv", "backbone": "mlp", "n_obs": 1, "horizon": 64, "noise_samples": 4,
+          "aux_chunk_weight": 1.0}  # robo_rl/learn/recipes.py's policy keys
+NOW_CAMERA_FORWARD = encoders.CameraEncoder.forward
+
+
+def before_camera_forward(self, frames: torch.Tensor) -> torch.Tensor:
+    """CameraEncoder.forward as it was before the speed-up: frames to float first, then a random
+    crop by one gather per axis on the float images, NCHW."""
+    lead = frames.shape[:-3]
+    x = frames.reshape(-1, *frames.shape[-3:]).permute(0, 3, 1, 2).float().div_(127.5).sub_(1.0)
+    n, c, h, w = x.shape
+    ch, cw = self.crop
+    if self.training:
+        top, left = torch.randint(0, h - ch + 1, (n,)), torch.randint(0, w - cw + 1, (n,))
+        x = x.gather(2, (top[:, None] + torch.arange(ch))[:, None, :, None].expand(n, c, ch, w))
+        x = x.gather(3, (left[:, None] + torch.arange(cw))[:, None, None, :].expand(n, c, ch, cw))
+    else:
+        x = x[..., (h - ch) // 2:(h - ch) // 2 + ch, (w - cw) // 2:(w - cw) // 2 + cw]
+    return self.net(x).reshape(*lead, -1)
+
+
+class PerStepNet(torch.nn.Module):
+    """The backbone without `modulations`: the sampler then calls the whole net each step (the
+    path before the MLP's FiLMs were batched over the steps)."""
+
+    def __init__(self, net: torch.nn.Module):
+        super().__init__()
+        self.inner = net
+
+    def forward(self, x, t, cond):
+        return self.inner(x, t, cond)
+
+
+def camera_policy(before: bool):
+    policy = make_policy("flow", RECIPE, CAMS3)
+    if before:
+        policy.body.net = PerStepNet(policy.body.net)
+    return policy
+
+
+class CameraStep:
+    """One optimiser step of the camera recipe as the Learner takes it: 128 windows' frames
+    gathered from a bank of frames in memory (the sampler's gather: advanced indexing before,
+    index_select now), forward, backward, AdamW; the camera encoders' forward of `before` or now,
+    optionally under torch.compile."""
+
+    def __init__(self, before: bool, compiled: bool, bf16: bool, batch: dict[str, torch.Tensor],
+                 bank: dict[str, torch.Tensor]):
+        torch.manual_seed(0)
+        self.before, self.bf16, self.batch, self.bank = before, bf16, dict(batch), bank
+        self.policy = camera_policy(before).train()
+        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=1e-4, fused=True)
+        self.loss_fn = torch.compile(self.policy) if compiled else self.policy
+        t = time.perf_counter()
+        for _ in range(3):
+            self()
+        self.warmup_s = time.perf_counter() - t
+
+    def __call__(self) -> None:
+        encoders.CameraEncoder.forward = before_camera_forward if self.before else NOW_CAMERA_FORWARD
+        rows = torch.randint(0, next(iter(self.bank.values())).shape[0], (128, 1))
+        for key, frames in self.bank.items():
+            self.batch[key] = frames[rows] if self.before else frames.index_select(0, rows.reshape(-1)).view(
+                128, 1, *frames.shape[1:])
+        try:
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
+                loss = self.loss_fn(self.batch)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.optimizer.step()
+        finally:
+            encoders.CameraEncoder.forward = NOW_CAMERA_FORWARD
+
+
+OP_KINDS = {  # the profiler's op names, by what they are in the camera recipe
+    "convolutions, forward and backward": ("convolution",),
+    "GroupNorm and ReLU, forward and backward": ("group_norm", "clamp_min", "threshold_backward", "relu"),
+    "matrix products (backbone, heads, keypoints)": ("mm", "addmm", "bmm", "linear"),
+    "sampler gather, crop and uint8 -> float": ("gather", "aten::index", "div_", "sub_"),
+    "AdamW": ("adamw",),
+    "everything else (casts, elementwise, autograd)": (),
+}
+
+
+def step_profile(step, n: int) -> dict[str, float]:
+    """ms per step of each kind of op (OP_KINDS), from torch.profiler's self CPU time over n steps."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(n):
+            step()
+    out: dict[str, float] = {}
+    for event in prof.key_averages():
+        kind = next((k for k, names in OP_KINDS.items() if any(name in event.key for name in names)),
+                    "everything else (casts, elementwise, autograd)")
+        out[kind] = out.get(kind, 0.0) + event.self_cpu_time_total / 1e3 / n
+    return out
+
+
+def interleaved_rates(steps: dict[str, Any], rounds: int, per_round: int) -> dict[str, list[float]]:
+    """steps/s of each callable, measured in `rounds` rounds that take every callable in turn."""
+    rates: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, step in steps.items():
+            t = time.perf_counter()
+            for _ in range(per_round):
+                step()
+            rates[name].append(per_round / (time.perf_counter() - t))
+    return rates
+
+
+def median_ms(fn, reps: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return float(np.median(times) * 1e3)
+
+
+def camera_tables(console, quick: bool, compiled: bool) -> None:
+    from robo_rl.learn.recipes import cpu_computes_bf16
+
+    bf16 = cpu_computes_bf16()
+    threads = torch.get_num_threads()
+    rng = np.random.default_rng(0)
+    batch = train_batch(CAMS3, 128, "cpu", rng, horizon=64, n_obs=1)
+    where = f"{cpu_kind()}, {threads} threads, {'bf16 autocast' if bf16 else 'fp32'}"
+
+    bank = {k: torch.as_tensor(rng.integers(0, 256, (2000, 96, 96, 3), dtype=np.uint8)) for k in CAMS3.images}
+    steps = {"before": CameraStep(True, False, bf16, batch, bank), "now": CameraStep(False, False, bf16, batch, bank)}
+    if compiled:
+        steps["now + torch.compile"] = CameraStep(False, True, bf16, batch, bank)
+    rates = interleaved_rates(steps, rounds=3 if quick else 8, per_round=3 if quick else 5)
+    base = float(np.median(rates["before"]))
+    t = table(f"(t1) camera recipe training, 3 cams 96x96 + qpos, batch 128 ({where}); median of interleaved rounds",
+              ["code path", "steps/s", "samples/s", "rounds (steps/s)", "vs before", "warm-up s"])
+    for name, r in rates.items():
+        m = float(np.median(r))
+        t.add_row(name, f"{m:.2f}", f"{m * 128:.0f}", " ".join(f"{x:.1f}" for x in r), f"{m / base:.2f}x",
+                  f"{steps[name].warmup_s:.1f}")
+    console.print(t)
+
+    # (t2) where the time goes: the profiler's self time of every op over real steps, by kind
+    t = table(f"(t2) where a camera training step goes ({where}; torch.profiler, 5 steps, self time by kind of op)",
+              ["kind of op", *[f"{name} ms/step" for name in ("before", "now")], "now: share"])
+    shares = {name: step_profile(steps[name], 5) for name in ("before", "now")}
+    total_now = sum(shares["now"].values())
+    for kind in OP_KINDS:
+        t.add_row(kind, *[f"{shares[name].get(kind, 0.0):.1f}" for name in ("before", "now")],
+                  f"{shares['now'].get(kind, 0.0) / total_now:.0%}")
+    t.add_row("all", *[f"{sum(shares[name].values()):.1f}" for name in ("before", "now")], "100%")
+    console.print(t)
+    idx = torch.randint(0, 2000, (128, 1))
+    frames = bank["obs/images/top"]
+    advanced = median_ms(lambda: frames[idx], 20)
+    select = median_ms(lambda: frames.index_select(0, idx.reshape(-1)).view(128, 1, 96, 96, 3), 20)
+    console.print(f"the sampler's gather of one camera's 128 frames: {advanced:.2f} ms by advanced indexing (before), "
+                  f"{select:.2f} ms by index_select (now); 3 cameras a step")
+
+    # (t3) one chunk at batch 1, what ensembling asks for every tick
+    t = table(f"(t3) camera recipe, one chunk at batch 1 ({cpu_kind()}); target p99 <= 10 ms on 2 AVX512-BF16 "
+              f"threads, <= 20 ms on AVX2", ["code path", "threads", "flow steps", "eager p50 ms", "eager p99 ms",
+                                            "frozen p50 ms", "frozen p99 ms"])
+    window = obs_window(CAMS3, 1, np.random.default_rng(0), n_obs=1)
+    n_calls = 30 if quick else 300
+    for n_threads in sorted({1, min(2, threads)}):
+        torch.set_num_threads(n_threads)
+        for before in (True, False):
+            for k in (10, 5):
+                policy = camera_policy(before).eval()
+                row = []
+                for predict in (lambda w, p=policy, k=k: p.predict(w, steps=k), FrozenPredictor(policy, k)):
+                    times = []
+                    with torch.inference_mode(False), torch.no_grad():
+                        for i in range(n_calls + 10):
+                            t0 = time.perf_counter()
+                            predict(window)
+                            if i >= 10:
+                                times.append(time.perf_counter() - t0)
+                    ms = np.asarray(times) * 1e3
+                    row += [f"{np.percentile(ms, 50):.2f}", f"{np.percentile(ms, 99):.2f}"]
+                t.add_row("before (per-step FiLM)" if before else "now (FiLMs batched over the steps)",
+                          str(n_threads), str(k), *row)
+    torch.set_num_threads(threads)
+    console.print(t)
+
+
 def learner_rate(cuda_graph: str, bf16: str, seconds: float) -> tuple[float, float]:
     """Steps/s of the Learner (sampler on the GPU, loss, backward, clip, AdamW, EMA) on the demo's
     policy over a synthetic store of PackCube's sizes, after 50 warm-up steps."""
@@ -168,9 +370,10 @@ def learner_rate(cuda_graph: str, bf16: str, seconds: float) -> tuple[float, flo
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer repetitions, shorter timings")
-    ap.add_argument("--only", choices=["latency", "train", "cameras", "gpu"])  # cameras: table b3 alone
+    ap.add_argument("--only", choices=["latency", "train", "cameras", "gpu"])  # cameras: the camera recipe before and now
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--learner-only", action="store_true", help="GPU: only the Learner rows (no torch.compile)")
+    ap.add_argument("--compile", action="store_true", help="cameras: add a torch.compile row (~40 s to compile)")
     args = ap.parse_args()
     reps = 30 if args.quick else args.reps
     seconds = 3.0 if args.quick else 10.0
@@ -211,7 +414,9 @@ def main() -> None:
                     r = train_rate(make_policy(name, opts, shapes), shapes, b, "cpu", seconds)
                     t.add_row(label.split(" K=")[0].split(" DDIM")[0], obs_label, str(b), f"{r:.1f}", f"{r * b:.0f}")
         console.print(t)
-    if args.only in (None, "train", "cameras"):
+    if args.only in (None, "cameras"):
+        camera_tables(console, args.quick, args.compile)
+    if args.only in (None, "train"):
         t = table(f"(b3) camera policies: flow, 2 cams 96x96 + qpos, batch 128 ({threads} threads; CPU "
                   f"{'has' if 'avx512_bf16' in flags else 'lacks'} AVX512-BF16)",
                   ["camera encoder, backbone, frames per window", "params", "fp32 steps/s", "bf16 autocast steps/s",

@@ -68,6 +68,8 @@ def test_the_loop_keeps_its_rate_while_the_policy_thinks_and_drops_late_actions(
     # inference (35 ms) is longer than a tick, so every chunk lost its first 1-2 actions, yet the
     # loop never waited for it: ticks stayed on schedule
     assert rep.chunks >= 5 and rep.dropped_actions >= rep.chunks
+    # and every chunk missed its deadline (the tick after its request): counted, not silent
+    assert rep.late_chunks == rep.chunks and s["late_chunks"] == rep.chunks
     assert all(33 < ms < 200 for ms in rep.inference_ms)
     # recording runs on its own clock: 25 Hz over the ticks' span (a late tick lets the next ones
     # catch up on the record points it passed, so a stall can add one or two)
@@ -120,6 +122,7 @@ def test_temporal_ensembling_averages_every_chunk_due_on_absolute_time(robot):
         rep = Controller(Recording(robot, sent), predict, cfg).run(1.0)
         # a chunk about every query_every ticks (receding would ask every 8), none dropped for lack of one
         assert rep.ticks / query_every * 0.6 <= rep.chunks <= rep.ticks / query_every + 1, (query_every, rep.chunks)
+        assert rep.late_chunks < rep.chunks / 2  # a 2 ms chunk is there by the next tick, as a rule
         offsets = (np.array(sent)[:, 0] - home[0]) / 0.01
         # each command is a mean over the chunks that cover it: never ahead of the newest, and with
         # 16 / query_every chunks live it trails the newest by about half of them

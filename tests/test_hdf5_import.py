@@ -133,6 +133,33 @@ def test_jpeg_episodes_via_the_cli_decode_as_cv2_does(tmp_path):
             assert error < 6, (cam, error)
 
 
+def test_imported_frames_keep_training_size_copies_as_recorded_ones_do(tmp_path):
+    """image_size: the frames stay at full size and each gets a copy at that size, the one train
+    reads (so a 480x640 import trains at the recipe's 96x96, not 33x the pixels); frames no larger
+    than it get none, and a bad size is one line."""
+    from robo_rl.data.codecs import resize_rgb
+
+    src = tmp_path / "act"
+    src.mkdir()
+    want = write_act_episode(src / "episode_0.hdf5", 12, seed=3)
+    out = tmp_path / "store"
+    r = robo_rl_cli("dataset", "import-hdf5", str(src), str(out), "image_size=[12,16]")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.strip().splitlines()[-1].endswith("(full size, with 12x16 copies that train reads)")
+    store = EpisodeStore.open(out)
+    assert store.train_image_size == (12, 16)
+    for cam in CAMERAS:
+        full = store.read(f"obs/images/{cam}")
+        assert full.shape == (12, *FRAME_HW, 3) and np.array_equal(full, want[f"obs/images/{cam}"])
+        small = store.read(f"obs/images/{cam}", small=True)
+        assert np.array_equal(small, np.stack([resize_rgb(f, (12, 16)) for f in full]))
+    # the default (the recipe's 96x96) is larger than these 24x32 frames: no copies
+    assert import_hdf5([src], tmp_path / "plain", progress=False, train_image_size=(96, 96)).train_image_size is None
+    bad = robo_rl_cli("dataset", "import-hdf5", str(src), str(tmp_path / "bad"), "image_size=[4,4]")
+    assert bad.returncode != 0 and "image_size=[4, 4] must be at least 8 px" in bad.stderr + bad.stdout
+    assert not (tmp_path / "bad").exists()
+
+
 def test_gzip_filtered_files_given_one_by_one_keep_their_order(tmp_path):
     files = [tmp_path / "episode_7.hdf5", tmp_path / "episode_3.hdf5"]
     expected = [write_act_episode(f, 22, seed=7 - i, images="gzip", sim=True, effort=True) for i, f in enumerate(files)]

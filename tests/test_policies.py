@@ -175,16 +175,38 @@ def test_bad_policy_options_are_one_line_errors(tmp_path):
 
 
 def test_image_encoder_crop_and_resnet():
-    imgs = torch.arange(2 * 3 * 10 * 12, dtype=torch.float32).reshape(2, 3, 10, 12)
-    crops = random_crop(imgs, (6, 7), torch.Generator().manual_seed(0))
-    assert crops.shape == (2, 3, 6, 7)
+    frames = torch.arange(2 * 10 * 12 * 3).reshape(2, 10, 12, 3).to(torch.uint8)  # N H W C, as stored
+    crops = random_crop(frames, (6, 7), torch.Generator().manual_seed(0))
+    assert crops.shape == (2, 3, 6, 7) and crops.dtype == torch.uint8
+    assert crops.is_contiguous(memory_format=torch.channels_last)
+    chw = frames.permute(0, 3, 1, 2)
     for i in range(2):  # every crop is a contiguous window of its own image
-        top = int((crops[i, 0, 0, 0] - imgs[i, 0, 0, 0]) // 12)
-        left = int((crops[i, 0, 0, 0] - imgs[i, 0, 0, 0]) % 12)
-        assert torch.equal(crops[i], imgs[i, :, top:top + 6, left:left + 7])
+        window = next(((y, x) for y in range(5) for x in range(6) if torch.equal(crops[i], chw[i, :, y:y + 6, x:x + 7])), None)
+        assert window is not None
     net = ResNet18GN(out_dim=16, width=8)
     assert net(torch.randn(3, 3, 40, 40)).shape == (3, 16)
     assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in net.modules())
+
+
+def test_random_crops_only_while_training_and_the_centre_when_evaluating():
+    """The camera encoder crops a new window each training call; in eval mode it sees the same
+    centre window every time, so a frame gives identical features at evaluation."""
+    from robo_rl.policies.nets.encoders import CameraEncoder
+
+    torch.manual_seed(0)
+    enc = CameraEncoder((24, 24), 8, 8, 0.75, kind="conv", conv_channels=(4, 8, 8))
+    frames = torch.randint(0, 256, (4, 1, 24, 24, 3), dtype=torch.uint8)
+    seen = []
+    enc.net.forward = lambda x: (seen.append(x.clone()), x.new_zeros(x.shape[0], 8))[1]
+    enc.train()
+    enc(frames), enc(frames)
+    enc.eval()
+    enc(frames), enc(frames)
+    assert not torch.equal(seen[0], seen[1])  # training: a fresh random window each call
+    assert torch.equal(seen[2], seen[3])       # evaluation: the same frames, the same input
+    centre = frames.reshape(4, 24, 24, 3)[:, 3:21, 3:21].permute(0, 3, 1, 2).float() / 127.5 - 1
+    torch.testing.assert_close(seen[2], centre)
+    assert seen[0].shape == seen[2].shape == (4, 3, 18, 18)
 
 
 # --------------------------------------------------------------------------- training
@@ -313,6 +335,25 @@ def test_weighted_mean_and_schedule():
     assert warmup_cosine(0, 10, 100, 0.0) == pytest.approx(0.1)
     assert warmup_cosine(9, 10, 100, 0.0) == pytest.approx(1.0)
     assert warmup_cosine(100, 10, 100, 0.1) == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("options", [TINY_MLP, TINY_DIT], ids=["mlp", "dit"])
+def test_the_sampler_with_batched_modulations_takes_the_training_path_steps(options):
+    """The sampler computes every step's FiLM / adaLN in one call before the steps; its chunk is
+    the one K plain Euler steps of the network as trained (`velocity`) give from the same noise."""
+    torch.manual_seed(0)
+    policy = make_policy("flow", options, ObsShapes({"obs/qpos": 3}, {}, 2)).eval()
+    for p in policy.parameters():  # zero-initialised output layers would make every chunk the noise
+        torch.nn.init.normal_(p, std=0.1)
+    cond, noise = torch.randn(4, 32), torch.randn(4, 8, 2)
+    k = policy.config.inference_steps
+    with torch.no_grad():
+        batched = policy.sample(cond, None, noise)
+        x = noise.clone()
+        for i in range(k):
+            x = x + policy.velocity(x, torch.full((4,), i / k), cond) / k
+    assert not torch.allclose(batched, noise, atol=1e-2)
+    torch.testing.assert_close(batched, x, rtol=1e-5, atol=1e-5)
 
 
 def test_flow_sample_temperature_scales_the_starting_noise():
@@ -461,6 +502,23 @@ def test_a_time_budget_ends_the_cosine_at_the_steps_that_fit(tmp_path):
     plain = Learner(make_policy("flow", TINY_MLP, policy.shapes), LearnerConfig(steps=50, fit_schedule=False),
                     tmp_path / "run3", sample, progress=False)
     assert plain.total_steps == 50
+
+
+def test_a_time_budget_without_a_step_count_trains_as_many_steps_as_fit(tmp_path):
+    """learner.steps=0 with max_minutes: the schedule is as long as the measured rate fits in the
+    time (not capped by a step count); without a time budget it is refused in one line."""
+    _, policy, sampler = tiny_setup(tmp_path, "flow", TINY_MLP)
+    cfg = LearnerConfig(steps=0, batch_size=8, lr=1e-3, warmup_steps=20, checkpoint_every=0, max_minutes=0.04,
+                        log_every=10**6)
+    learner = Learner(policy, cfg, tmp_path / "run", lambda bs, g, w: sampler.sample(bs, g, w), progress=False)
+    assert learner.total_steps == Learner.UNFITTED
+    out = learner.fit()
+    assert learner.schedule_fitted and 110 < learner.total_steps < Learner.UNFITTED
+    assert out["step"] == learner.total_steps
+    assert learner.scheduler.get_last_lr()[0] < 1e-3 * 1e-2  # the cosine ran to its end
+    for bad in ({"steps": 0}, {"steps": 0, "max_minutes": 5, "fit_schedule": False}, {"steps": -1}):
+        with pytest.raises(ConfigError, match="learner.steps"):
+            LearnerConfig.from_dict(bad)
 
 
 def test_cuda_graph_needs_cuda_and_a_known_setting(tmp_path):

@@ -183,11 +183,30 @@ def import_bag(cfg: DictConfig, paths: list[str]) -> int:
                           "e.g. image_topics={/cam_high/image_raw:top}, or {} for none")
     bag_cfg = BagImport(states, commands, spec.action_dim, float(cfg.fps), grippers, str(cfg.action_from), cfg.split_topic,
                         cfg.task or "", spec.name, images, required)
-    store = import_bags(paths, out, bag_cfg, overwrite=bool(cfg.overwrite))
+    store = import_bags(paths, out, bag_cfg, overwrite=bool(cfg.overwrite), train_image_size=_copy_size(cfg))
     cams = store.schema.cameras
     print(f"{out}: {store.n_episodes} episode(s), {store.n_steps} steps at {cfg.fps:g} fps from {len(paths)} bag(s)"
-          + (f", cameras {', '.join(cams)}" if cams else ""))
+          + (f", cameras {', '.join(cams)}" if cams else "") + _copies_note(store))
     return 0
+
+
+def _copy_size(cfg: DictConfig) -> tuple[int, int] | None:
+    """image_size for the imports: [height, width] of the training-size copies, or null for none."""
+    size = cfg.get("image_size")
+    if size is None:
+        return None
+    try:
+        h, w = (int(v) for v in size)
+    except (TypeError, ValueError):
+        raise ConfigError(f"dataset: image_size={size!r}; give [height, width], e.g. [96,96], or null for no copies") from None
+    if h < 8 or w < 8:
+        raise ConfigError(f"dataset: image_size=[{h}, {w}] must be at least 8 px a side")
+    return h, w
+
+
+def _copies_note(store) -> str:
+    size = store.train_image_size
+    return f" (full size, with {size[0]}x{size[1]} copies that train reads)" if size else ""
 
 
 def _src_out(cfg: DictConfig, paths: list[str], op: str, usage: str) -> tuple[str, str]:
@@ -204,10 +223,11 @@ def import_lerobot(cfg: DictConfig, paths: list[str]) -> int:
     from robo_rl.data.lerobot import import_lerobot as run_import
 
     src, out = _src_out(cfg, paths, "import-lerobot", "import-lerobot LEROBOT_DIR OUT")
-    with run_import(src, out, overwrite=bool(cfg.overwrite), robot=cfg.robot_name) as store:
+    with run_import(src, out, overwrite=bool(cfg.overwrite), robot=cfg.robot_name,
+                    train_image_size=_copy_size(cfg)) as store:
         cams = store.schema.cameras
         print(f"{out}: {store.n_episodes} episode(s), {store.n_steps} steps at {store.schema.fps:g} fps from {src}"
-              + (f", cameras {', '.join(cams)}" if cams else ""))
+              + (f", cameras {', '.join(cams)}" if cams else "") + _copies_note(store))
     return 0
 
 
@@ -239,8 +259,8 @@ def import_hdf5(cfg: DictConfig, paths: list[str]) -> int:
         raise ConfigError("dataset import-hdf5: give the episodes and where the store goes: "
                           "import-hdf5 DIR_OR_FILES... OUT")
     with run_import(paths, out, fps=float(cfg.fps), task=cfg.task or "", robot=cfg.robot_name or "aloha",
-                    overwrite=bool(cfg.overwrite)) as store:
+                    overwrite=bool(cfg.overwrite), train_image_size=_copy_size(cfg)) as store:
         cams = store.schema.cameras
         print(f"{out}: {store.n_episodes} episode(s), {store.n_steps} steps at {store.schema.fps:g} fps"
-              + (f", cameras {', '.join(cams)}" if cams else ""))
+              + (f", cameras {', '.join(cams)}" if cams else "") + _copies_note(store))
     return 0

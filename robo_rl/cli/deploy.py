@@ -189,7 +189,8 @@ def run(cfg: DictConfig) -> int:
             ["tick period p50 / p99 / max", f"{s['period_p50_ms']:.2f} / {s['period_p99_ms']:.2f} / {s['period_max_ms']:.2f} ms"],
             ["overruns (a tick > 1 period late)", str(s["overruns"])],
             ["inference p50 / p99", f"{s['inference_p50_ms']:.1f} / {s['inference_p99_ms']:.1f} ms"],
-            ["chunks; actions dropped late; ticks held", f"{s['chunks']}; {s['dropped_actions']}; {s['missing_actions']}"],
+            ["chunks; late (missed the next tick); actions dropped late; ticks held",
+             f"{s['chunks']}; {s['late_chunks']}; {s['dropped_actions']}; {s['missing_actions']}"],
             ["largest joint jump at a chunk hand-over", f"{s['handover_jump_max']:.3f} rad"
              + (" (rtc)" if cfg.rtc else " (ensemble)" if ctl_cfg.ensemble else f" (blend {ctl_cfg.blend_steps})")],
             ["watchdog holds / stops", f"{s['watchdog_holds']} / {s['watchdog_stops']}"],

@@ -22,18 +22,24 @@ def default_run_dir(cfg: DictConfig) -> Path:
     return Path("data/runs") / f"{cfg.task}-{cfg.policy.name}-{stamp or time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def camera_recipe_for(cfg: DictConfig, obs_keys: list[str], device: str) -> dict:
-    """Fill `cfg` with the camera recipe (robo_rl/learn/recipes.py) where obs_keys names a camera
-    of the store and the command line left the key alone; returns what was filled in."""
+def user_keys() -> set[str]:
+    """The dotted keys this command line set."""
     from hydra.core.hydra_config import HydraConfig
 
+    from robo_rl.learn.recipes import overridden_keys
+
+    return overridden_keys(HydraConfig.get().overrides.task) if HydraConfig.initialized() else set()
+
+
+def camera_recipe_for(cfg: DictConfig, obs_keys: list[str], device: str, user: set[str]) -> dict:
+    """Fill `cfg` with the camera recipe (robo_rl/learn/recipes.py) where obs_keys names a camera
+    of the store and the command line left the key alone; returns what was filled in."""
     from robo_rl.data.store import EpisodeStore
-    from robo_rl.learn.recipes import overridden_keys, pick_recipe
+    from robo_rl.learn.recipes import pick_recipe
 
     store = EpisodeStore.open(cfg.dataset, mode="r")
     cameras = [k for k in obs_keys if k in store.schema.image_keys]
     sizes = {k: tuple(store.train_image_size or store.schema.keys[k].shape[:2]) for k in cameras}
-    user = overridden_keys(HydraConfig.get().overrides.task) if HydraConfig.initialized() else set()
     recipe = pick_recipe(str(cfg.get("recipe", "auto")), str(cfg.policy.name), cameras, sizes, device, user)
     for key, value in recipe.items():
         OmegaConf.update(cfg, key, value, force_add=True)
@@ -64,7 +70,10 @@ def run(cfg: DictConfig) -> int:
         raise ConfigError(f"train: {run_dir} already holds a run; pass resume=true to continue it or another run_dir=")
     obs_keys = list(cfg.obs_keys)
     device = resolve_device(str(cfg.learner.device), int(os.environ.get("LOCAL_RANK", "0")))
-    recipe = camera_recipe_for(cfg, obs_keys, device)
+    user = user_keys()
+    recipe = camera_recipe_for(cfg, obs_keys, device, user)
+    if float(cfg.learner.max_minutes) > 0 and "learner.steps" not in user:
+        cfg.learner.steps = 0  # a time budget and no step count: the schedule's length is what fits in the time
     learner_cfg = LearnerConfig.from_dict(OmegaConf.to_container(cfg.learner, resolve=True))
     policy_options = {k: v for k, v in OmegaConf.to_container(cfg.policy, resolve=True).items() if k != "name"}
     policy, sampler, n = policy_for_store(

@@ -200,7 +200,8 @@ def _camera(h5: Any, where: str, cam: str, steps: int) -> CameraLayout:
 
 
 def import_hdf5(paths: Sequence[str | Path], out: str | Path, *, fps: float = 50.0, task: str = "",
-                robot: str = "aloha", overwrite: bool = False, progress: bool = True) -> EpisodeStore:
+                robot: str = "aloha", overwrite: bool = False, progress: bool = True,
+                train_image_size: Sequence[int] | None = None) -> EpisodeStore:
     """Every episode file under `paths` (folders and/or files) into a new store at `out`, opened
     read-only; all or nothing. Each file is one episode, labelled TELEOP, with source
     `hdf5:<file name>` and extra {"sim": ..., "file": <file name>} (plus "compress" where set)."""
@@ -216,7 +217,7 @@ def import_hdf5(paths: Sequence[str | Path], out: str | Path, *, fps: float = 50
             raise ConfigError(f"{f.path}: holds {_describe(f.signature())}, but {first.path} holds "
                               f"{_describe(first.signature())}; every episode of a store has the same keys")
     schema = Schema.build(first.signature(), fps=fps, robot=robot, cameras=sorted(first.cameras))
-    with new_store(out, schema) as store:  # OUT.importing, renamed to OUT only when every episode is in
+    with new_store(out, schema, train_image_size) as store:  # OUT.importing, renamed to OUT only when every episode is in
         for f in tqdm(files, desc="import-hdf5", unit="episode", disable=not progress):
             _write_episode(store, f, fps, task)
     return EpisodeStore.open(out)

@@ -58,7 +58,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -655,14 +655,14 @@ def _check_dtype(actual: np.dtype, declared: str, path: Path, name: str, info_pa
 
 # ---------------------------------------------------------------------- import
 def import_lerobot(src: str | Path, out: str | Path, *, overwrite: bool = False, robot: str | None = None,
-                   progress: bool = True) -> EpisodeStore:
+                   progress: bool = True, train_image_size: Sequence[int] | None = None) -> EpisodeStore:
     """A local LeRobot dataset (v2.0, v2.1 or v3.0) into a new store at `out`; all or nothing.
     Returns the store, opened read-only."""
     out = check_destination(out, overwrite, sources=[src], marker="zarr.json", kind="robo_rl store")
     ds = read_dataset(src)  # every metadata check before anything is written
     keys = {f.key: KeySpec(f.key, f.shape, f.dtype) for f in ds.features.values()}
     schema = Schema(keys=keys, fps=float(ds.fps), robot=robot or ds.robot_type or "unknown")
-    with new_store(out, schema) as store:
+    with new_store(out, schema, train_image_size) as store:
         _write_episodes(ds, store, progress)
     if ds.skipped:  # said once the import has worked, so a failure stays one line
         log.warning("%s: string feature(s) %s not imported: a store holds numbers and images",

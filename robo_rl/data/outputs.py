@@ -18,7 +18,7 @@ import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 from robo_rl.errors import ConfigError
 
@@ -76,16 +76,31 @@ def move_into_place(staging: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def import_copy_size(schema: "Schema", size: Sequence[int] | None) -> tuple[int, int] | None:
+    """The size of an import's training-size copies: `size` where every camera's frames are at
+    least that large in both sides and some are larger; None (no copies) where there is no camera,
+    or frames already at or under it, which train reads as they are."""
+    if size is None or not schema.image_keys:
+        return None
+    h, w = (int(v) for v in size)
+    full = [tuple(schema.keys[k].shape[:2]) for k in schema.image_keys]
+    if any(fh < h or fw < w for fh, fw in full) or all(f == (h, w) for f in full):
+        return None
+    return h, w
+
+
 @contextlib.contextmanager
-def new_store(out: Path, schema: "Schema") -> Iterator["EpisodeStore"]:
+def new_store(out: Path, schema: "Schema", train_image_size: Sequence[int] | None = None) -> Iterator["EpisodeStore"]:
     """An importer's store: created in OUT.importing, moved to OUT when the block ends without an
-    error; on an error its writer lock is released and the folder removed (OUT is untouched)."""
+    error; on an error its writer lock is released and the folder removed (OUT is untouched).
+    `train_image_size`: also keep every camera frame downscaled to it, what train reads
+    (import_copy_size says when)."""
     from robo_rl.data.store import EpisodeStore  # here: outputs.py is also used by the exporter
 
     staging = staging_dir(out, "importing")
     store = None
     try:
-        store = EpisodeStore.create(staging, schema)
+        store = EpisodeStore.create(staging, schema, train_image_size=import_copy_size(schema, train_image_size))
         yield store
         store.close()
         store = None

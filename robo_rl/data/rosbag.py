@@ -262,7 +262,8 @@ LOWDIM_KEYS = ("obs/qpos", "obs/qvel", "action")
 BLOCK_STEPS = 64  # steps handed to the store at once: frames reach disk a shard at a time
 
 
-def import_bags(bags: Sequence[str | Path], out: str | Path, cfg: BagImport, overwrite: bool = False) -> EpisodeStore:
+def import_bags(bags: Sequence[str | Path], out: str | Path, cfg: BagImport, overwrite: bool = False,
+                train_image_size: Sequence[int] | None = None) -> EpisodeStore:
     """Every bag (its episodes) into a new store at `out`; all or nothing."""
     from robo_rl.data.store import EpisodeStore  # here, not above: reading a bag needs no zarr
 
@@ -289,7 +290,7 @@ def import_bags(bags: Sequence[str | Path], out: str | Path, cfg: BagImport, ove
     keys = {k: ((n,), "float32") for k in LOWDIM_KEYS}
     keys.update({f"obs/images/{cam}": (shape, "uint8") for cam, shape in sorted(first.shapes.items())})
     schema = Schema.build(keys, fps=cfg.fps, robot=cfg.robot, cameras=sorted(first.shapes))
-    with new_store(out, schema) as store:  # OUT.importing, renamed to OUT only when every episode is in
+    with new_store(out, schema, train_image_size) as store:  # OUT.importing, renamed to OUT only when every episode is in
         for bag in contents:
             frames = iter_frames(bag) if bag.images else None
             for ep in bag.episodes:

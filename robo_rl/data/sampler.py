@@ -159,8 +159,9 @@ class WindowSampler:
         end = c["end"][idx][:, None]
         obs_raw = t[:, None] + c["obs_offsets"]
         act_raw = t[:, None] + c["act_offsets"]
-        batch = {k: data[k][xp.maximum(obs_raw, start)] for k in self.spec.obs_keys}
-        batch[self.spec.action_key] = data[self.spec.action_key][xp.minimum(act_raw, end - 1)]
+        obs_rows = xp.maximum(obs_raw, start)
+        batch = {k: _take(data[k], obs_rows) for k in self.spec.obs_keys}
+        batch[self.spec.action_key] = _take(data[self.spec.action_key], xp.minimum(act_raw, end - 1))
         batch["obs_is_pad"] = obs_raw < start
         batch["action_is_pad"] = act_raw >= end
         batch["action_is_cut"] = batch["action_is_pad"] & c["cut"][idx][:, None]
@@ -200,6 +201,15 @@ class WindowSampler:
             self._cdf = cdf if self._xp is np else self._xp.as_tensor(cdf, device=self._cols["weight"].device)
             self._cdf_of = self.weights
         return self._cdf
+
+
+def _take(rows: Any, index: Any) -> Any:
+    """rows[index] for an index array of any shape. For torch tensors, one index_select over the
+    flattened index: advanced indexing of a 96x96x3 frame array took 7x longer (3.0 against 0.4 ms
+    for 128 frames, bench/policy.py cameras), a tenth of a camera training step."""
+    if isinstance(rows, np.ndarray):
+        return rows[index]
+    return rows.index_select(0, index.reshape(-1)).view(*index.shape, *rows.shape[1:])
 
 
 def _read_ranges(store: EpisodeStore, key: str, ranges: list[tuple[int, int]], small: bool = False) -> np.ndarray:

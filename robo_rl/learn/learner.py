@@ -29,7 +29,7 @@ from robo_rl.errors import ConfigError
 
 @dataclass
 class LearnerConfig:
-    steps: int = 20000
+    steps: int = 20000             # 0 (with max_minutes): as many as fit in the time
     batch_size: int = 256          # global batch; each DDP rank takes batch_size / world_size
     lr: float = 1e-4
     weight_decay: float = 1e-6
@@ -65,12 +65,19 @@ class LearnerConfig:
         if "betas" in d:
             d["betas"] = tuple(float(b) for b in d["betas"])
         cfg = cls(**d)
-        if cfg.steps < 1 or cfg.batch_size < 1:
-            raise ConfigError(f"learner.steps and learner.batch_size must be >= 1 (got {cfg.steps}, {cfg.batch_size})")
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        cfg = self
+        if cfg.steps < 0 or cfg.batch_size < 1:
+            raise ConfigError(f"learner.steps must be >= 0 and learner.batch_size >= 1 (got {cfg.steps}, {cfg.batch_size})")
+        if cfg.steps == 0 and not (cfg.max_minutes > 0 and cfg.fit_schedule):
+            raise ConfigError("learner.steps=0 (as many steps as fit in the time) needs learner.max_minutes > 0 "
+                              "and learner.fit_schedule=true")
         for name in ("bf16", "cuda_graph"):
             if str(getattr(cfg, name)).lower() not in ("auto", "true", "false"):
                 raise ConfigError(f"learner.{name}={getattr(cfg, name)!r}; choose auto, true or false")
-        return cfg
 
 
 def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -176,6 +183,7 @@ class Learner:
                  extra: Mapping[str, Any] | None = None, evaluate: EvalFn | None = None, progress: bool = True):
         self.cfg, self.run_dir, self.sample, self.extra, self.evaluate = cfg, Path(run_dir), sample, dict(extra or {}), evaluate
         self.progress = progress
+        cfg.validate()
         if cfg.threads > 0:
             torch.set_num_threads(cfg.threads)
         self.dist = setup_distributed(resolve_device(cfg.device))
@@ -203,8 +211,8 @@ class Learner:
             self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, fused=True)
         except (RuntimeError, ValueError):  # an older torch or a device without the fused kernel
             self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas)
-        # the schedule's length: cfg.steps, or fewer once fitted to learner.max_minutes (`_fit_schedule`)
-        self.total_steps, self.schedule_fitted = cfg.steps, False
+        # the schedule's length: cfg.steps, or what fits in learner.max_minutes once fitted (`_fit_schedule`)
+        self.total_steps, self.schedule_fitted = cfg.steps or self.UNFITTED, False
         self.schedule_fixed = False  # a resumed run keeps the length its first process fitted
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: warmup_cosine(s, cfg.warmup_steps, self.total_steps, cfg.min_lr_ratio))
@@ -318,6 +326,7 @@ class Learner:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         return loss
 
+    UNFITTED = 10**9  # the schedule's length with learner.steps=0 until the time budget fits it
     GRAPH_WARMUP = 3  # eager steps before the capture, so that cuBLAS and the allocator have settled
 
     def _graph_loss_and_grads(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
@@ -370,7 +379,7 @@ class Learner:
         if main and self.progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=self.total_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True)
+            bar = tqdm(total=self.total_steps if self.total_steps < self.UNFITTED else None, initial=self.step, desc="train", unit="step", dynamic_ncols=True)
         t_start, t_window, steps_window, n_loss = time.perf_counter(), time.perf_counter(), 0, 0
         # learner.max_minutes: the rate is timed from this process's 10th step; the schedule is fitted
         # once the warm-up is timed, then refitted every 50 steps with the rate so far (the first
@@ -455,9 +464,9 @@ class Learner:
 
     def _fit_schedule(self, steps_per_s: float, seconds_left: float, bar: Any) -> None:
         """End the cosine at the steps that fit in the time left (with 3% to spare for
-        checkpoints), never past learner.steps. Under DDP every rank takes rank 0's figure, so all
+        checkpoints), never past learner.steps (when given). Under DDP every rank takes rank 0's figure, so all
         ranks stop at the same step. metrics.jsonl records the first figure; checkpoints the latest."""
-        fits = min(self.cfg.steps, self.step + int(steps_per_s * max(seconds_left, 0.0) * 0.97))
+        fits = min(self.cfg.steps or self.UNFITTED, self.step + int(steps_per_s * max(seconds_left, 0.0) * 0.97))
         if self.dist.world > 1:
             import torch.distributed as dist
 
@@ -474,7 +483,8 @@ class Learner:
             bar.refresh()
         if self.dist.main and first:
             msg = (f"learner.max_minutes={self.cfg.max_minutes}: {steps_per_s:.2f} steps/s, so the schedule ends at "
-                   f"step {self.total_steps} instead of {self.cfg.steps} (learner.fit_schedule=false keeps it)")
+                   f"step {self.total_steps}" + (f" instead of {self.cfg.steps} (learner.fit_schedule=false keeps it)"
+                                                 if self.cfg.steps else ""))
             (bar.write if bar is not None else print)(msg)
             with open(self.run_dir / "metrics.jsonl", "a") as f:
                 f.write(json.dumps({"step": self.step, "scheduled_steps": self.total_steps, "steps_per_s": steps_per_s}) + "\n")

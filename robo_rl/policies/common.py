@@ -258,8 +258,9 @@ class ChunkBody(nn.Module):
 
     def step_fns(self, times: list[float], cond: torch.Tensor) -> list[Any]:
         """The network as one function of the noisy chunk per sampler step. What depends only on
-        (time, observation), the DiT's adaLN modulations, is computed for all steps in one
-        batched call: at batch 1 a CPU spends its time on op count, not arithmetic."""
+        (time, observation), the DiT's adaLN modulations or the MLP's FiLMs, is computed for all steps
+        in one batched call: at batch 1 a CPU spends its time on op count and on streaming weights,
+        not on arithmetic."""
         b, k = cond.shape[0], len(times)
         t = torch.tensor(times, dtype=torch.float32, device=cond.device).repeat_interleave(b)
         if hasattr(self.net, "modulations"):

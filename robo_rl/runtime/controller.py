@@ -29,7 +29,7 @@ the slowest recent inference; the new chunk then agrees with the old one where t
 first d actions are the old ones, which run while it is computed), so there is no blend.
 
 At the end, `ControllerReport` has the timing table: tick period p50/p99/max, overruns, inference
-latency, dropped and missing actions, the largest joint jump at a chunk hand-over, watchdog
+latency, late chunks (not there by the tick after their request), dropped and missing actions, the largest joint jump at a chunk hand-over, watchdog
 holds/stops and the safety filter's counts.
 """
 
@@ -88,6 +88,7 @@ class ControllerReport:
     inference_ms: list[float] = field(default_factory=list)
     chunks: int = 0
     dropped_actions: int = 0          # actions whose time passed before their chunk arrived
+    late_chunks: int = 0              # chunks that missed their deadline: not there by the tick after their request
     missing_actions: int = 0          # ticks with no action due (no chunk yet, or a chunk ran out): held
     handover_jumps: list[float] = field(default_factory=list)  # per hand-over: the largest joint change (rad) that tick
     recorded: int = 0
@@ -122,7 +123,8 @@ class ControllerReport:
         return {"ticks": self.ticks, "period_p50_ms": pct(self.period_ms, 50), "period_p99_ms": pct(self.period_ms, 99),
                 "period_max_ms": max(self.period_ms, default=float("nan")), "overruns": self.overruns,
                 "inference_p50_ms": pct(self.inference_ms, 50), "inference_p99_ms": pct(self.inference_ms, 99),
-                "chunks": self.chunks, "dropped_actions": self.dropped_actions, "missing_actions": self.missing_actions,
+                "chunks": self.chunks, "late_chunks": self.late_chunks, "dropped_actions": self.dropped_actions,
+                "missing_actions": self.missing_actions,
                 "handover_jump_max": max(self.handover_jumps, default=0.0),
                 "recorded": self.recorded, "watchdog_holds": self.watchdog_holds,
                 "watchdog_stops": self.watchdog_stops, "tracking_stops": self.tracking_stops,
@@ -312,6 +314,8 @@ class PolicyChunks:
             report.chunks += 1
             passed = int(np.floor((deadline - chunk.start) / self.period + 1e-6))
             report.dropped_actions += max(0, min(passed, len(chunk.actions)))
+            # asked for at one tick, a chunk is due at the next: ensembling wants a fresh one every tick
+            report.late_chunks += passed > 1
         return chunk
 
     def _ensembled(self, deadline: float, history: list[Any], report: ControllerReport) -> np.ndarray | None:

@@ -113,27 +113,31 @@ class ConvKeypoints(nn.Module):
 IMAGE_ENCODERS = ("resnet18", "conv")
 
 
-def random_crop(images: torch.Tensor, crop: tuple[int, int], generator: torch.Generator | None = None) -> torch.Tensor:
-    """One random crop per image (N C H W), vectorised with a gather instead of a Python loop."""
-    n, c, h, w = images.shape
+def random_crop(frames: torch.Tensor, crop: tuple[int, int], generator: torch.Generator | None = None) -> torch.Tensor:
+    """One random crop per frame, on the stored frames themselves (N H W C, uint8): an (N, C, h, w)
+    tensor laid out channels-last. Every crop is a window view of its frame (unfold), so picking
+    N windows is one copy of the cropped bytes: cropping float images with a gather per axis cost a
+    camera step 4x more (bench/policy.py, cameras)."""
+    n, h, w, _ = frames.shape
     ch, cw = crop
-    top = torch.randint(0, h - ch + 1, (n,), device=images.device, generator=generator)
-    left = torch.randint(0, w - cw + 1, (n,), device=images.device, generator=generator)
-    rows = (top[:, None] + torch.arange(ch, device=images.device))[:, None, :, None].expand(n, c, ch, w)
-    images = images.gather(2, rows)
-    cols = (left[:, None] + torch.arange(cw, device=images.device))[:, None, None, :].expand(n, c, ch, cw)
-    return images.gather(3, cols)
+    top = torch.randint(0, h - ch + 1, (n,), device=frames.device, generator=generator)
+    left = torch.randint(0, w - cw + 1, (n,), device=frames.device, generator=generator)
+    windows = frames.unfold(1, ch, 1).unfold(2, cw, 1)  # N, h-ch+1, w-cw+1, C, ch, cw: views, no copy
+    picked = windows[torch.arange(n, device=frames.device), top, left]  # N C ch cw
+    return picked.contiguous(memory_format=torch.channels_last)
 
 
-def center_crop(images: torch.Tensor, crop: tuple[int, int]) -> torch.Tensor:
-    h, w = images.shape[-2:]
+def center_crop(frames: torch.Tensor, crop: tuple[int, int]) -> torch.Tensor:
+    """The middle window of each frame (N H W C) as an (N, C, h, w) channels-last tensor."""
+    h, w = frames.shape[-3:-1]
     top, left = (h - crop[0]) // 2, (w - crop[1]) // 2
-    return images[..., top:top + crop[0], left:left + crop[1]]
+    return frames[:, top:top + crop[0], left:left + crop[1]].contiguous().permute(0, 3, 1, 2)
 
 
 class CameraEncoder(nn.Module):
     """uint8 HWC frames -> features. Random crop while training, centre crop when evaluating,
-    so train and test see the same scale."""
+    so train and test see the same scale. Frames are cropped as uint8 and reach the convolutions
+    channels-last (the layout oneDNN's CPU kernels run fastest in), as they are stored."""
 
     def __init__(self, image_size: tuple[int, int], out_dim: int, width: int, crop_ratio: float, kind: str = "resnet18",
                  conv_channels: tuple[int, ...] = CONV_CHANNELS):
@@ -143,8 +147,9 @@ class CameraEncoder(nn.Module):
 
     def forward(self, frames: torch.Tensor) -> torch.Tensor:
         lead = frames.shape[:-3]
-        x = frames.reshape(-1, *frames.shape[-3:]).permute(0, 3, 1, 2).float().div_(127.5).sub_(1.0)
-        x = random_crop(x, self.crop) if self.training else center_crop(x, self.crop)
+        frames = frames.reshape(-1, *frames.shape[-3:])
+        crops = random_crop(frames, self.crop) if self.training else center_crop(frames, self.crop)
+        x = crops.float().div_(127.5).sub_(1.0)  # keeps the channels-last layout
         return self.net(x).reshape(*lead, -1)
 
 

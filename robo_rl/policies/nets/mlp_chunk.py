@@ -33,7 +33,10 @@ class MLPBlock(nn.Module):
         nn.init.zeros_(self.mlp[-1].bias)
 
     def forward(self, x: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
-        scale, shift = self.film(cond).chunk(2, dim=-1)
+        return self.run(x, self.film(cond))
+
+    def run(self, x: torch.Tensor, film: torch.Tensor) -> torch.Tensor:
+        scale, shift = film.chunk(2, dim=-1)
         return x + self.mlp(torch.addcmul(shift, self.norm(x), 1 + scale))
 
 
@@ -53,10 +56,20 @@ class MLPChunk(nn.Module):
             nn.init.zeros_(layer.bias)
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+        return self.run(x, self.modulations(t, cond))
+
+    def modulations(self, t: torch.Tensor, cond: torch.Tensor) -> list[torch.Tensor]:
+        """Everything that depends on (time, observation) only: every block's FiLM and the skip's
+        scale. A sampler computes them for all its steps in one batched call: at batch 1 each step
+        would otherwise stream the FiLM weights (a third of the net) from memory again."""
         time = self.time_emb(t)
         c = self.cond(torch.cat([cond, time], dim=-1))
+        return [block.film(c) for block in self.blocks] + [self.skip(time)]
+
+    def run(self, x: torch.Tensor, modulations: list[torch.Tensor]) -> torch.Tensor:
+        *films, skip = modulations
         h = self.inp(x.flatten(1))
-        for block in self.blocks:
-            h = block(h, c)
+        for block, film in zip(self.blocks, films):
+            h = block.run(h, film)
         out = self.out(self.norm(h)).view(-1, self.horizon, self.action_dim)
-        return torch.addcmul(out, self.skip(time)[:, :, None], x)
+        return torch.addcmul(out, skip[:, :, None], x)
