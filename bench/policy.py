@@ -93,12 +93,12 @@ def train_batch(shapes: ObsShapes, batch: int, device: str, rng: np.random.Gener
     return b
 
 
-def latency(policy, shapes: ObsShapes, reps: int, frozen: bool = False) -> tuple[float, float, int]:
+def latency(policy, shapes: ObsShapes, reps: int, frozen: bool = False, steps: int | None = None) -> tuple[float, float, int]:
     """p50/p99 ms of one chunk at batch 1: eager `policy.predict`, or the traced FrozenPredictor
-    that `robo-rl eval` and deployment use on a CPU."""
+    that `robo-rl eval` and deployment use on a CPU; `steps`: the sampler's (default: the policy's)."""
     policy.eval()
     obs = obs_window(shapes, 1, np.random.default_rng(0), policy.config.n_obs)
-    predict = FrozenPredictor(policy) if frozen else policy.predict
+    predict = FrozenPredictor(policy, steps) if frozen else (lambda window: policy.predict(window, steps=steps))
     times = []
     with torch.inference_mode(not frozen):
         for i in range(reps + 10):
@@ -305,24 +305,15 @@ def camera_tables(console, quick: bool, compiled: bool) -> None:
     t = table(f"(t3) camera recipe, one chunk at batch 1 ({cpu_kind()}); target p99 <= 10 ms on 2 AVX512-BF16 "
               f"threads, <= 20 ms on AVX2", ["code path", "threads", "flow steps", "eager p50 ms", "eager p99 ms",
                                             "frozen p50 ms", "frozen p99 ms"])
-    window = obs_window(CAMS3, 1, np.random.default_rng(0), n_obs=1)
     n_calls = 30 if quick else 300
     for n_threads in sorted({1, min(2, threads)}):
         torch.set_num_threads(n_threads)
         for before in (True, False):
             for k in (10, 5):
-                policy = camera_policy(before).eval()
-                row = []
-                for predict in (lambda w, p=policy, k=k: p.predict(w, steps=k), FrozenPredictor(policy, k)):
-                    times = []
-                    with torch.inference_mode(False), torch.no_grad():
-                        for i in range(n_calls + 10):
-                            t0 = time.perf_counter()
-                            predict(window)
-                            if i >= 10:
-                                times.append(time.perf_counter() - t0)
-                    ms = np.asarray(times) * 1e3
-                    row += [f"{np.percentile(ms, 50):.2f}", f"{np.percentile(ms, 99):.2f}"]
+                policy, row = camera_policy(before), []
+                for frozen in (False, True):
+                    p50, p99, _ = latency(policy, CAMS3, n_calls, frozen, steps=k)
+                    row += [f"{p50:.2f}", f"{p99:.2f}"]
                 t.add_row("before (per-step FiLM)" if before else "now (FiLMs batched over the steps)",
                           str(n_threads), str(k), *row)
     torch.set_num_threads(threads)
