@@ -1,4 +1,4 @@
-"""Camera policies: success against CPU minutes, the curve a user plans with (issue 40, part 3).
+"""Camera policies: success against CPU minutes, the curve a user plans with.
 
 For each task and each budget, `robo-rl train` is run exactly as the README's camera command
 (cameras + `obs/qpos`, the camera recipe picked by itself) with `learner.max_minutes=M`, so the

@@ -52,7 +52,7 @@ from robo_rl.policies.nets import encoders  # noqa: E402
 LOWDIM = ObsShapes({"obs/qpos": 14, "obs/env_state": 7}, {}, 14)
 IMAGES = ObsShapes({"obs/qpos": 14}, {"obs/images/top": (96, 96), "obs/images/left_wrist": (96, 96)}, 14)
 PAPER = {"backbone": "unet", "down_dims": [256, 512, 1024], "image_width": 64}
-CONV = {"image_encoder": "conv"}  # the small CNN per camera (issue 21) instead of the ResNet-18 layout
+CONV = {"image_encoder": "conv"}  # the small CNN per camera instead of the ResNet-18 layout
 # the camera recipe of the README's results: the small CNN, one frame per camera, the residual MLP backbone
 CAMERA_RECIPE = {"image_encoder": "conv", "n_obs": 1, "backbone": "mlp"}
 DEMO_MLP = {"backbone": "mlp", "mlp_expansion": 1, "horizon": 64, "n_action_steps": 32}  # configs/demo.yaml's policy
@@ -66,7 +66,7 @@ CONFIGS = [  # label, policy, options
     ("diffusion DiT, 2 actions per token", "diffusion", {"dit_patch": 2}),
     ("flow DiT, half-width MLP", "flow", {"dit_mlp_ratio": 2.0}),
     ("diffusion DiT, half-width MLP", "diffusion", {"dit_mlp_ratio": 2.0}),
-    # task-sized backbones for low-dim tasks (issue 20: pre-training to convergence on a CPU)
+    # task-sized backbones for low-dim tasks (pre-training to convergence on a CPU)
     ("flow DiT 64 wide, 2 blocks", "flow", {"dit_dim": 64, "dit_depth": 2}),
     ("flow DiT 128 wide, 4 blocks, 2 actions per token", "flow", {"dit_patch": 2}),
     # long chunks (PackCube's recipe): 64 actions (1.3 s) as 16 or 8 tokens
@@ -74,7 +74,7 @@ CONFIGS = [  # label, policy, options
     ("flow DiT, 64-step chunks, 8 actions per token", "flow", {"horizon": 64, "dit_patch": 8, "n_action_steps": 32}),
     ("flow DiT 96 wide, 3 blocks, 64-step chunks, 4 per token", "flow",
      {"horizon": 64, "dit_patch": 4, "n_action_steps": 32, "dit_dim": 96, "dit_depth": 3, "dit_heads": 4}),
-    # the demo's policy since issue 20's fifth session: a residual MLP over the whole 64-step chunk
+    # the demo's policy: a residual MLP over the whole 64-step chunk
     ("flow MLP 512 wide, 3 blocks, 64-step chunks (make demo)", "flow", DEMO_MLP),
 ]
 TASK_SIZED = [CONFIGS[0], *CONFIGS[-6:]]

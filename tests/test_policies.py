@@ -695,7 +695,7 @@ def test_flow_policy_overfits_one_demo_and_replays_it(tmp_path):
 
 def test_an_evaluation_depends_on_its_seed_alone_and_leaves_the_callers_random_stream(tmp_path):
     """demo, rac and train evaluate after training has drawn from torch's generator; their rows must
-    still be what robo-rl eval gives on the same checkpoint and seeds (issue 41 found them apart)."""
+    still be what robo-rl eval gives on the same checkpoint and seeds (the CPU demo's work once found them apart)."""
     from robo_rl.sim.evaluate import run_eval
 
     torch.manual_seed(0)
