@@ -22,19 +22,23 @@
     the sampler's per-step FiLM), measured in rounds interleaved with "now" so that a shared
     machine's drift falls on both. (t1) training steps/s at batch 128 on all threads, and with
     torch.compile (--compile: ~40 s of compilation first); (t2) where a step's time goes;
-    (t3) one chunk at batch 1 (p50/p99, eager and frozen, K = 10 and 5 flow steps, 1 and 2 threads).
+    (t3) one chunk at batch 1 (p50/p99, eager and frozen, K = 10 and 5 flow steps, 1 and 2 threads,
+    the four paths called in turn); (t4, --dataset STORE) the Learner's own step on a real store,
+    eager and with learner.compile=true, interleaved.
 (c) GPU (only when CUDA is available): first the demo's MLP policy through the Learner itself
     (sampling on the GPU, AdamW, EMA), eager against the replayed CUDA graph (`learner.cuda_graph`),
     fp32 and bf16; then the raw step (forward + backward + AdamW) at batch 256 for the default
     backbones, fp32 vs bf16 autocast, eager vs torch.compile (--learner-only skips these).
 
     python bench/policy.py [--quick] [--only latency|train|cameras|gpu] [--learner-only] [--reps 200] [--compile]
+    python bench/policy.py --only cameras --compile --dataset data/demos/transfer_cube_cams
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -108,6 +112,25 @@ def latency(policy, shapes: ObsShapes, reps: int, frozen: bool = False, steps: i
                 times.append(time.perf_counter() - t)
     ms = np.asarray(times) * 1e3
     return float(np.percentile(ms, 50)), float(np.percentile(ms, 99)), sum(p.numel() for p in policy.parameters())
+
+
+def eager_predict(policy, steps: int | None):
+    def predict(window):
+        with torch.inference_mode():
+            return policy.predict(window, steps=steps)
+    return predict
+
+
+def interleaved_latency(calls: dict[Any, Any], obs: dict[str, np.ndarray], reps: int) -> dict[Any, np.ndarray]:
+    """ms per call of each predictor, called in turn `reps` times each after 10 warm-up rounds."""
+    times: dict[Any, list[float]] = {name: [] for name in calls}
+    for i in range(reps + 10):
+        for name, predict in calls.items():
+            t = time.perf_counter()
+            predict(obs)
+            if i >= 10:
+                times[name].append((time.perf_counter() - t) * 1e3)
+    return {name: np.asarray(ms) for name, ms in times.items()}
 
 
 def train_rate(policy, shapes: ObsShapes, batch: int, device: str, seconds: float, bf16: bool = False,
@@ -196,6 +219,10 @@ class CameraStep:
         for _ in range(3):
             self()
         self.warmup_s = time.perf_counter() - t
+        bad = [n for n, p in self.policy.named_parameters() if not torch.isfinite(p).all()]
+        if bad:  # a path that trains on NaN has no step rate worth printing
+            raise SystemExit(f"camera step ({'before' if before else 'now'}{', compiled' if compiled else ''}): "
+                             f"non-finite weights after 3 steps, first {bad[0]}")
 
     def __call__(self) -> None:
         encoders.CameraEncoder.forward = before_camera_forward if self.before else NOW_CAMERA_FORWARD
@@ -306,24 +333,63 @@ def camera_tables(console, quick: bool, compiled: bool) -> None:
               f"threads, <= 20 ms on AVX2", ["code path", "threads", "flow steps", "eager p50 ms", "eager p99 ms",
                                             "frozen p50 ms", "frozen p99 ms"])
     n_calls = 30 if quick else 300
+    obs = obs_window(CAMS3, 1, np.random.default_rng(0), 1)
     for n_threads in sorted({1, min(2, threads)}):
         torch.set_num_threads(n_threads)
-        for before in (True, False):
-            for k in (10, 5):
-                policy, row = camera_policy(before), []
-                for frozen in (False, True):
-                    p50, p99, _ = latency(policy, CAMS3, n_calls, frozen, steps=k)
-                    row += [f"{p50:.2f}", f"{p99:.2f}"]
-                t.add_row("before (per-step FiLM)" if before else "now (FiLMs batched over the steps)",
-                          str(n_threads), str(k), *row)
+        for k in (10, 5):
+            # the four paths take turns call by call, so that the machine's drift falls on all alike
+            calls = {}
+            for before in (True, False):
+                policy = camera_policy(before).eval()
+                calls[(before, False)] = eager_predict(policy, k)
+                calls[(before, True)] = FrozenPredictor(policy, k)
+            times = interleaved_latency(calls, obs, n_calls)
+            for before in (True, False):
+                t.add_row("before (per-step FiLM)" if before else "now (FiLMs batched over the steps)", str(n_threads),
+                          str(k), *[f"{np.percentile(times[(before, frozen)], q):.2f}" for frozen in (False, True)
+                                    for q in (50, 99)])
     torch.set_num_threads(threads)
+    console.print(t)
+
+
+def camera_learner_table(console, dataset: str, rounds: int) -> None:
+    """(t4) the Learner's own step on a real store with the camera recipe (sampler, loss weights,
+    clipping, AdamW, EMA), eager and with learner.compile=true, in interleaved rounds of 10 steps."""
+    from robo_rl.learn import Learner, LearnerConfig
+    from robo_rl.learn.from_store import policy_for_store
+    from robo_rl.learn.recipes import cpu_computes_bf16
+
+    keys = ["obs/qpos", *CAMS3.images]
+    learners, warmup = {}, {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in ("eager", "learner.compile=true"):
+            torch.manual_seed(0)
+            policy, sampler, _ = policy_for_store(dataset, keys, "flow", {**RECIPE, "n_action_steps": 8}, None, "cpu", None)
+            cfg = LearnerConfig(steps=10**6, batch_size=128, lr=3e-4, bf16=str(cpu_computes_bf16()).lower(),
+                                compile="true" if name != "eager" else "false", checkpoint_every=0)
+            learners[name] = Learner(policy, cfg, Path(tmp) / name, (lambda s: lambda bs, g, w: s.sample(bs, g, w))(sampler),
+                                     progress=False)
+            t = time.perf_counter()
+            for _ in range(5):
+                learners[name]._step()
+            warmup[name] = time.perf_counter() - t
+        rates = interleaved_rates({name: learner._step for name, learner in learners.items()}, rounds, 10)
+        finite = {name: bool(all(torch.isfinite(p).all() for p in learner.model.parameters()))
+                  for name, learner in learners.items()}
+    base = float(np.median(rates["eager"]))
+    t = table(f"(t4) the Learner's step on {dataset}, camera recipe, batch 128 ({cpu_kind()}, {torch.get_num_threads()} "
+              f"threads); median of {rounds} interleaved rounds of 10 steps",
+              ["path", "steps/s", "rounds (steps/s)", "vs eager", "first 5 steps s", "finite, compiled as asked"])
+    for name, r in rates.items():
+        m = float(np.median(r))
+        t.add_row(name, f"{m:.2f}", " ".join(f"{x:.2f}" for x in r), f"{m / base:.2f}x", f"{warmup[name]:.1f}",
+                  str(finite[name] and learners[name].compiled == (name != "eager")))
     console.print(t)
 
 
 def learner_rate(cuda_graph: str, bf16: str, seconds: float) -> tuple[float, float]:
     """Steps/s of the Learner (sampler on the GPU, loss, backward, clip, AdamW, EMA) on the demo's
     policy over a synthetic store of PackCube's sizes, after 50 warm-up steps."""
-    import tempfile
 
     from robo_rl.data.sampler import WindowSampler
     from robo_rl.data.schema import EpisodeMeta, Schema
@@ -365,6 +431,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--learner-only", action="store_true", help="GPU: only the Learner rows (no torch.compile)")
     ap.add_argument("--compile", action="store_true", help="cameras: add a torch.compile row (~40 s to compile)")
+    ap.add_argument("--dataset", help="cameras: also time the Learner itself on this store of 3-camera demos, eager "
+                                      "and compiled (e.g. data/demos/transfer_cube_cams)")
     args = ap.parse_args()
     reps = 30 if args.quick else args.reps
     seconds = 3.0 if args.quick else 10.0
@@ -407,6 +475,8 @@ def main() -> None:
         console.print(t)
     if args.only in (None, "cameras"):
         camera_tables(console, args.quick, args.compile)
+        if args.dataset:
+            camera_learner_table(console, args.dataset, rounds=3 if args.quick else 8)
     if args.only in (None, "train"):
         t = table(f"(b3) camera policies: flow, 2 cams 96x96 + qpos, batch 128 ({threads} threads; CPU "
                   f"{'has' if 'avx512_bf16' in flags else 'lacks'} AVX512-BF16)",

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import math
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch._dynamo
 import yaml
 from conftest import robo_rl_in_process
 
@@ -154,6 +157,87 @@ def test_frozen_predictor_matches_eager(tmp_path, name, options):
         assert fast.shape == (b, 8, 2)
         np.testing.assert_allclose(fast, eager, rtol=1e-4, atol=1e-4)
     assert list(frozen.graphs) == [3]
+
+
+def test_compiled_training_step_matches_eager_and_a_failed_compile_trains_eagerly(tmp_path, monkeypatch):
+    """learner.compile=true gives the eager step's loss and gradients (fp32, inductor told to draw
+    the crops, flow times and noise from eager's generator: rtol 1e-4); compile=auto compiles only
+    long CPU runs with a C++ compiler; a compile that fails says so in one line and trains on."""
+    import torch._inductor.config as inductor
+
+    from robo_rl.learn.learner import compile_wanted
+
+    _, policy, sampler = tiny_setup(tmp_path, "flow", {**TINY_MLP, **TINY_CONV, "noise_samples": 2, "aux_chunk_weight": 1.0},
+                                    images=True)
+    batch = sampler.sample(6, torch.Generator().manual_seed(0))
+    torch._dynamo.reset()
+    grads = {}
+    with inductor.patch(fallback_random=True):
+        for name, model in (("eager", policy), ("compiled", torch.compile(policy))):
+            torch.manual_seed(3)
+            policy.zero_grad(set_to_none=True)
+            loss = model(batch, batch["weight"])
+            loss.backward()
+            grads[name] = (float(loss.detach()), [p.grad.clone() for p in policy.parameters()])
+    assert grads["compiled"][0] == pytest.approx(grads["eager"][0], rel=1e-4)
+    for g_compiled, g_eager in zip(grads["compiled"][1], grads["eager"][1]):
+        torch.testing.assert_close(g_compiled, g_eager, rtol=1e-4, atol=1e-5)
+
+    short, long = LearnerConfig(steps=50, compile="auto"), LearnerConfig(steps=0, max_minutes=30, compile="auto")
+    assert not compile_wanted(short, "cpu") and not compile_wanted(long, "cuda")
+    assert compile_wanted(long, "cpu") == any(shutil.which(c) for c in ("g++", "c++", "clang++"))
+    monkeypatch.setenv("PATH", str(tmp_path))  # no C++ compiler to be found
+    assert not compile_wanted(long, "cpu") and compile_wanted(LearnerConfig(compile="true"), "cpu")
+
+    # a C++ compiler that does not exist, in a process of its own (inductor caches what it found):
+    # the first step says why and the run trains eagerly
+    script = (
+        "import math, sys, torch\n"
+        "from robo_rl.learn import Learner, LearnerConfig\n"
+        "class Squares(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.w = torch.nn.Parameter(torch.ones(3))\n"
+        "    def forward(self, batch, weights=None):\n"
+        "        return (self.w * batch['x']).pow(2).mean()\n"
+        "cfg = LearnerConfig(steps=2, batch_size=4, compile='true', log_every=1, checkpoint_every=0, device='cpu')\n"
+        "learner = Learner(Squares(), cfg, sys.argv[1], "
+        "lambda bs, gen, weighted: {'x': torch.randn(bs, 3, generator=gen)}, progress=False)\n"
+        "out = learner.fit()\n"
+        "assert out['step'] == 2 and math.isfinite(out['loss']) and not learner.compiled, out\n")
+    env = {**os.environ, "CXX": str(tmp_path / "no-such-c++"), "TORCHINDUCTOR_FX_GRAPH_CACHE": "0",
+           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    r = subprocess.run([sys.executable, "-c", script, str(tmp_path / "run")], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "torch.compile failed" in r.stdout and "training eagerly" in r.stdout
+
+
+class NaNWhenCompiled(torch.nn.Module):
+    """A loss that a compiled graph gets wrong: what a compiler bug looks like to the Learner."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(3))
+
+    def forward(self, batch, weights=None):
+        loss = (self.w * batch["x"]).pow(2).mean()
+        return loss * float("nan") if torch.compiler.is_compiling() else loss
+
+
+def test_a_compiled_step_with_nan_gradients_is_taken_again_eagerly(tmp_path, capsys):
+    """The first compiled step's loss and gradients are checked: NaN there means the step is
+    retaken eagerly and the run trains on eagerly, said in one line, and no NaN reaches the weights."""
+    torch._dynamo.reset()
+    model = NaNWhenCompiled()
+    cfg = LearnerConfig(steps=3, batch_size=4, compile="true", log_every=1, checkpoint_every=0, device="cpu",
+                        warmup_steps=0, lr=0.1)
+    learner = Learner(model, cfg, tmp_path / "run", lambda bs, gen, weighted: {"x": torch.randn(bs, 3, generator=gen)},
+                      progress=False)
+    out = learner.fit()
+    assert out["step"] == 3 and math.isfinite(out["loss"]) and not learner.compiled
+    assert torch.isfinite(model.w).all() and not torch.equal(model.w.detach(), torch.ones(3))  # it trained
+    assert "first compiled step gave a non-finite loss or gradient" in capsys.readouterr().out
 
 
 def test_bad_policy_options_are_one_line_errors(tmp_path):
@@ -311,6 +395,7 @@ def test_a_camera_train_picks_the_camera_recipe_and_the_command_line_wins(tmp_pa
     assert {k: getattr(policy.config, k) for k in recipe} == recipe
     saved = yaml.safe_load((tmp_path / "auto" / "config.yaml").read_text())
     assert str(saved["learner"]["bf16"]).lower() == ("true" if cpu_computes_bf16() else "auto")  # bf16 where the CPU has it
+    assert str(saved["learner"]["compile"]).lower() == "auto"  # compiled when the run is long enough (1 step is not)
     # the chunking eval and deploy run by default travels in the checkpoint
     assert read_checkpoint(tmp_path / "auto" / "checkpoints" / "last.pt")["chunking"]["mode"] == "ensemble"
     # what the command line sets is kept; the rest of the recipe still fills in

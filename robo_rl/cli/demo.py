@@ -150,7 +150,8 @@ def run(cfg: DictConfig) -> int:
     def learner(steps: int, lr: float, warmup: int, **more: Any) -> LearnerConfig:
         return LearnerConfig(steps=steps, batch_size=int(s["batch_size"]), lr=lr, warmup_steps=warmup,
                              checkpoint_every=1000, seed=int(cfg.seed), device=cfg.device, threads=int(cfg.threads),
-                             bf16=str(recipe.get("learner.bf16", "auto")), **more)
+                             bf16=str(recipe.get("learner.bf16", "auto")),
+                             compile=str(recipe.get("learner.compile", "false")), **more)
 
     def policy_at(run_dir: Path) -> Any:  # a finished stage's EMA policy, for the stages after it
         return load_policy(read_checkpoint(run_dir / "checkpoints" / "last.pt"), device=device)

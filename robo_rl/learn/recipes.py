@@ -6,7 +6,8 @@ and has not been seen to succeed on a CPU. The camera recipe below is the best m
 (docs/results.md, "Why camera policies fail in closed loop"): a small CNN with a spatial softmax
 per camera, one frame per window, the MLP backbone, a 64-step chunk whose far actions make the
 loss say where the object is, four flow draws per encoded frame and a chunk regression beside
-the flow loss, and bf16 autocast where the CPU computes in bf16. The user's own overrides always
+the flow loss, bf16 autocast where the CPU computes in bf16, and torch.compile on a CPU for a run
+long enough to earn back its compile time. The user's own overrides always
 win: the recipe only fills the keys not given on the command line.
 """
 
@@ -73,4 +74,6 @@ def camera_recipe(policy_name: str, device: str) -> dict[str, Any]:
     chosen = dict(CAMERA_RECIPE, **(CAMERA_FLOW_RECIPE if policy_name == "flow" else {}))
     if device == "cpu" and cpu_computes_bf16():
         chosen["learner.bf16"] = "true"
+    if device == "cpu":  # torch.compile for runs long enough to pay for it (learner.compile_wanted)
+        chosen["learner.compile"] = "auto"
     return chosen

@@ -92,7 +92,9 @@ class FlowPolicy(nn.Module):
         if k > 1:
             per_sample = per_sample.view(k, -1).mean(0)
         if self.aux_head is not None:
-            guess = self.aux_head(cond).view_as(actions)
+            # cond_k's first copy is cond; taking cond itself here, inductor's compiled backward
+            # (torch 2.13, bf16 autocast, 3 cameras) gave NaN gradients to the camera encoders
+            guess = self.aux_head(cond_k[: actions.shape[0]]).view_as(actions)
             per_sample = per_sample + self.config.aux_chunk_weight * self.body.per_sample_loss(guess - actions, batch)
         return weighted_mean(per_sample, weights)
 
