@@ -159,13 +159,11 @@ def test_frozen_predictor_matches_eager(tmp_path, name, options):
     assert list(frozen.graphs) == [3]
 
 
-def test_compiled_training_step_matches_eager_and_a_failed_compile_trains_eagerly(tmp_path, monkeypatch):
+@pytest.mark.slow  # about 40 s of compilation on a cold cache
+def test_a_compiled_training_step_matches_the_eager_one(tmp_path):
     """learner.compile=true gives the eager step's loss and gradients (fp32, inductor told to draw
-    the crops, flow times and noise from eager's generator: rtol 1e-4); compile=auto compiles only
-    long CPU runs with a C++ compiler; a compile that fails says so in one line and trains on."""
+    the crops, flow times and noise from eager's generator: rtol 1e-4)."""
     import torch._inductor.config as inductor
-
-    from robo_rl.learn.learner import compile_wanted
 
     _, policy, sampler = tiny_setup(tmp_path, "flow", {**TINY_MLP, **TINY_CONV, "noise_samples": 2, "aux_chunk_weight": 1.0},
                                     images=True)
@@ -182,6 +180,12 @@ def test_compiled_training_step_matches_eager_and_a_failed_compile_trains_eagerl
     assert grads["compiled"][0] == pytest.approx(grads["eager"][0], rel=1e-4)
     for g_compiled, g_eager in zip(grads["compiled"][1], grads["eager"][1]):
         torch.testing.assert_close(g_compiled, g_eager, rtol=1e-4, atol=1e-5)
+
+
+def test_compile_auto_compiles_long_cpu_runs_and_a_failed_compile_trains_eagerly(tmp_path, monkeypatch):
+    """compile=auto compiles only long CPU runs with a C++ compiler; a compile that fails says so in
+    one line and the run trains on eagerly."""
+    from robo_rl.learn.learner import compile_wanted
 
     short, long = LearnerConfig(steps=50, compile="auto"), LearnerConfig(steps=0, max_minutes=30, compile="auto")
     assert not compile_wanted(short, "cpu") and not compile_wanted(long, "cuda")
