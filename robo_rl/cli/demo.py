@@ -39,7 +39,7 @@ from robo_rl.errors import ConfigError
 FULL = {"demos": 200, "pretrain_steps": 30000, "batch_size": 256, "rounds": 1, "episodes_per_round": 120,
         "finetune_steps": 10000, "eval_episodes": 100, "sample_temperature": 1.0}
 # task=auto: each size's task. At CPU sizes imitation seats PackCube's lid in only about half of the
-# episodes, a shortfall no recovery fixes; without the lid what is left is mostly the slips (issue 41)
+# episodes, a shortfall no recovery fixes; without the lid what is left is mostly the slips (docs/results.md, the CPU demo)
 TASK_AT = {False: "pack_cube_nolid", True: "pack_cube"}
 
 

@@ -218,8 +218,7 @@ class Learner:
             self.train_model = DistributedDataParallel(self.model, device_ids=ids)
         self.eager_model = self.train_model
         self.compiled = compile_wanted(cfg, self.device)
-        self._compiled_once = False  # a compile failure on the first step falls back to eager; a later error is raised
-        self._compiled_checked = False  # the first compiled step's gradients are checked for NaN
+        self._compiled_checked = False  # until the first compiled step has compiled and given finite gradients
         if self.compiled:
             self.train_model = torch.compile(self.train_model)
         decay, no_decay = [], []
@@ -340,7 +339,7 @@ class Learner:
         # no autocast weight cache: inside a CUDA graph capture it would hold stale casts
         with torch.autocast(self.device.split(":")[0], dtype=torch.bfloat16, enabled=self.autocast,
                             cache_enabled=not self.use_graph):
-            if self.compiled and not self._compiled_once:
+            if self.compiled and not self._compiled_checked:
                 loss = self._first_compiled_loss(batch, weights)
             else:
                 loss = self.train_model(batch, weights)
@@ -361,10 +360,13 @@ class Learner:
             if self.cfg.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
             return loss
-        print("learner: the first compiled step gave a non-finite loss or gradient; taking it again eagerly "
-              "and training eagerly (learner.compile=false says so from the start)")
-        self.compiled, self.train_model = False, self.eager_model
+        self._train_eagerly("the first compiled step gave a non-finite loss or gradient; taking it again eagerly "
+                            "and training eagerly (learner.compile=false says so from the start)")
         return self._loss_and_grads(batch)
+
+    def _train_eagerly(self, why: str) -> None:
+        print(f"learner: {why}")
+        self.compiled, self.train_model = False, self.eager_model
 
     def _first_compiled_loss(self, batch: Mapping[str, torch.Tensor], weights: torch.Tensor | None) -> torch.Tensor:
         """The first compiled forward, where torch.compile does its work: if it fails (no working
@@ -379,10 +381,8 @@ class Learner:
             while root.__cause__ is not None:  # inductor wraps the compiler's own error
                 root = root.__cause__
             said = (str(root).strip().splitlines() or [""])[0][:200]
-            print(f"learner: torch.compile failed ({type(root).__name__}: {said}); training eagerly")
-            self.compiled, self.train_model = False, self.eager_model
+            self._train_eagerly(f"torch.compile failed ({type(root).__name__}: {said}); training eagerly")
             return self.train_model(batch, weights)
-        self._compiled_once = True
         return loss
 
     UNFITTED = 10**9  # the schedule's length with learner.steps=0 until the time budget fits it
