@@ -28,6 +28,9 @@
   when told to grip the peg at each such distance (`collect grasp_along=`).
 - `handover` (TransferCube): when recorded rollouts close the left gripper and open the right one,
   and where the cube ends, against the demos.
+- `shifts` (any task; a camera policy): the demos replayed in shifted rooms (robo_rl/sim/room.py),
+  frame by frame through the policy: which camera's features each shift moves, and how far that
+  moves the actions, with every camera shifted and with one at a time.
 - `latch` (PackCube, either variant; any policy): after the cube is in the box, where the right
   hand goes relative to the latch button and how deep the button goes, rollouts that latched
   (the reference, in the same store) against those that ran out of time with the cube in the box,
@@ -42,6 +45,7 @@
     python bench/camera_diagnosis.py aim --dataset data/demos/insertion_cams --rollouts ROLLOUTS [--checkpoint RUN/checkpoints/last.pt]
     python bench/camera_diagnosis.py grip --rollouts ROLLOUTS [--grips 8 9 10 12]
     python bench/camera_diagnosis.py handover --dataset data/demos/transfer_cube_cams --rollouts ROLLOUTS
+    python bench/camera_diagnosis.py shifts --dataset data/demos/tc_cams --checkpoint RUN/checkpoints/last.pt
     python bench/camera_diagnosis.py latch --rollouts ROLLOUTS [--eval OUT/eval.json]  # robo-rl eval ... record=ROLLOUTS out=OUT
 """
 
@@ -740,10 +744,80 @@ def run_position(args) -> None:
           ["cube start (distance from the mean)", "episodes", "success", "lifted"], rows)
 
 
+def run_shifts(args) -> None:
+    """What a shifted room does to a trained camera policy, held on the demos' own states (no
+    closed loop): every demo of `--dataset` (the first `--episodes`) is replayed in the nominal room
+    and in each shifted room, the same physics in each, and every 10th step's frames go through the
+    policy. Per shift and camera: how much the mean pixel moves, and how far the camera's features
+    move against their spread over the demo's states (1: as far as two different states lie apart).
+    Then how far the policy's first 16 actions move (mean |change|, rad or gripper units, the same
+    starting noise) when every camera sees the shifted room, and when only one does."""
+    from robo_rl.data.schema import IMAGE_PREFIX
+    from robo_rl.policies import load_policy
+    from robo_rl.policies.common import predictor
+    from robo_rl.sim.envs import BimanualEnv
+    from robo_rl.sim.replay import load_episode, start_replay
+    from robo_rl.sim.room import parse_shifts
+
+    torch.set_num_threads(args.threads)
+    policy = load_policy(args.checkpoint)
+    keys = list(policy.shapes.images)
+    cams = [k[len(IMAGE_PREFIX):] for k in keys]
+    size = tuple(next(iter(policy.shapes.images.values())))
+    store = EpisodeStore.open(args.dataset, mode="r")
+    rooms = [None, *parse_shifts(args.shifts, cams)]
+    frames: dict[str, dict[str, list]] = {}
+    qpos: list[np.ndarray] = []
+    for room in rooms:
+        name = "nominal" if room is None else room.name
+        frames[name] = {k: [] for k in keys}
+        for i in range(min(args.episodes, store.n_episodes)):
+            ep = load_episode(store, i)
+            env = BimanualEnv(ep.task, "state+pixels", cams, size, room=room)
+            start_replay(env, ep)
+            if room is not None and room.distractor:
+                env.robot.set_room(room, np.random.default_rng(i))
+            for t in range(ep.length):
+                obs, *_ = env.step(ep.action[t])
+                if t % 10 == 0:
+                    for k, c in zip(keys, cams):
+                        frames[name][k].append(obs["images"][c])
+                    if room is None:
+                        qpos.append(obs["qpos"])
+            env.close()
+    nominal = {k: np.stack(v) for k, v in frames["nominal"].items()}
+    q = np.stack(qpos)
+    predict = predictor(policy)
+
+    def chunks(images: dict[str, np.ndarray]) -> np.ndarray:
+        torch.manual_seed(0)
+        window = {"obs/qpos": q[:, None], **{k: v[:, None] for k, v in images.items()}}
+        return predict(window)[:, :16]
+
+    base = chunks(nominal)
+    rows = []
+    for name in list(frames)[1:]:
+        shifted = {k: np.stack(v) for k, v in frames[name].items()}
+        cells = []
+        for k in keys:
+            f0, f1 = policy_features(policy, k, nominal[k]), policy_features(policy, k, shifted[k])
+            spread = np.linalg.norm(f0 - f0.mean(0), axis=1).mean()
+            cells.append(f"{shifted[k].mean() - nominal[k].mean():+.0f} px, {np.linalg.norm(f1 - f0, axis=1).mean() / spread:.2f}")
+        moved = [np.abs(chunks(shifted) - base).mean()]
+        moved += [np.abs(chunks({**nominal, k: shifted[k]}) - base).mean() for k in keys]
+        rows.append((name, *cells, *(f"{m:.3f}" for m in moved)))
+    torch.manual_seed(1)
+    noise_only = np.abs(chunks(nominal) - base).mean()
+    show(f"a shifted room through the policy, on {len(q)} demo states ({args.checkpoint}; mean pixel change, feature shift / "
+         f"spread; starting noise alone moves the actions {noise_only:.3f}; {cpu_kind()})",
+         ["shift", *[f"{c}: pixel, features" for c in cams], "actions, all cameras shifted",
+          *[f"actions, only {c} shifted" for c in cams]], rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("part", choices=["probe", "align", "reach", "stuck", "aim", "grip", "handover", "latch", "openloop", "position",
-                                     "grasp"])
+                                     "grasp", "shifts"])
     ap.add_argument("--rollouts")
     ap.add_argument("--dataset")
     ap.add_argument("--checkpoint")
@@ -757,8 +831,11 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--grips", type=float, nargs="*", default=[8, 8.5, 9, 9.5, 10, 11, 12, 13], help="grip: cm from the peg's tip")
     ap.add_argument("--expert-episodes", type=int, default=12, help="grip: scripted episodes per distance")
+    ap.add_argument("--episodes", type=int, default=5, help="shifts: demos replayed")
+    ap.add_argument("--shifts", nargs="*", default=["light", "camera", "table", "distractor"], help="shifts: the rooms (eval's names)")
     args = ap.parse_args()
-    {"probe": run_probe, "align": run_align_probe, "reach": run_reach_probe, "stuck": run_stuck, "aim": run_aim, "grip": run_grip, "handover": run_handover, "latch": run_latch, "openloop": run_openloop, "position": run_position, "grasp": run_grasp}[args.part](args)
+    {"probe": run_probe, "align": run_align_probe, "reach": run_reach_probe, "stuck": run_stuck, "aim": run_aim, "grip": run_grip, "handover": run_handover, "latch": run_latch, "openloop": run_openloop, "position": run_position, "grasp": run_grasp,
+     "shifts": run_shifts}[args.part](args)
 
 
 if __name__ == "__main__":

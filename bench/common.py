@@ -10,7 +10,7 @@ from pathlib import Path
 def make_console(width: int = 150):
     from rich.console import Console
 
-    return Console(width=max(Console().width, width))
+    return Console(width=max(Console().width, width), emoji=False)  # names such as "camera_move:top:1" stay text
 
 
 def table(title: str, columns: list[str]):

@@ -209,10 +209,12 @@ class CameraStep:
     optionally under torch.compile."""
 
     def __init__(self, before: bool, compiled: bool, bf16: bool, batch: dict[str, torch.Tensor],
-                 bank: dict[str, torch.Tensor]):
+                 bank: dict[str, torch.Tensor], jitter: tuple[float, ...] | None = None):
         torch.manual_seed(0)
         self.before, self.bf16, self.batch, self.bank = before, bf16, dict(batch), bank
         self.policy = camera_policy(before).train()
+        for enc in self.policy.body.encoder.cameras.values():
+            enc.jitter = tuple(jitter or (0.0,) * 4)
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=1e-4, fused=True)
         self.loss_fn = torch.compile(self.policy) if compiled else self.policy
         t = time.perf_counter()
@@ -289,7 +291,7 @@ def median_ms(fn, reps: int, warmup: int = 3) -> float:
 
 
 def camera_tables(console, quick: bool, compiled: bool) -> None:
-    from robo_rl.learn.recipes import cpu_computes_bf16
+    from robo_rl.learn.recipes import CAMERA_RECIPE as TRAIN_RECIPE, cpu_computes_bf16
 
     bf16 = cpu_computes_bf16()
     threads = torch.get_num_threads()
@@ -298,9 +300,12 @@ def camera_tables(console, quick: bool, compiled: bool) -> None:
     where = f"{cpu_kind()}, {threads} threads, {'bf16 autocast' if bf16 else 'fp32'}"
 
     bank = {k: torch.as_tensor(rng.integers(0, 256, (2000, 96, 96, 3), dtype=np.uint8)) for k in CAMS3.images}
-    steps = {"before": CameraStep(True, False, bf16, batch, bank), "now": CameraStep(False, False, bf16, batch, bank)}
+    steps = {"before": CameraStep(True, False, bf16, batch, bank), "now": CameraStep(False, False, bf16, batch, bank),
+             "now + colour jitter": CameraStep(False, False, bf16, batch, bank, jitter=TRAIN_RECIPE["policy.color_jitter"])}
     if compiled:
         steps["now + torch.compile"] = CameraStep(False, True, bf16, batch, bank)
+        steps["now + torch.compile + colour jitter"] = CameraStep(False, True, bf16, batch, bank,
+                                                                  jitter=TRAIN_RECIPE["policy.color_jitter"])
     rates = interleaved_rates(steps, rounds=3 if quick else 8, per_round=3 if quick else 5)
     base = float(np.median(rates["before"]))
     t = table(f"(t1) camera recipe training, 3 cams 96x96 + qpos, batch 128 ({where}); median of interleaved rounds",

@@ -297,6 +297,39 @@ def test_random_crops_only_while_training_and_the_centre_when_evaluating():
     assert seen[0].shape == seen[2].shape == (4, 3, 18, 18)
 
 
+def test_colour_jitter_runs_only_while_training_and_one_draw_covers_a_samples_frames():
+    """With color_jitter on, training inputs change colour per sample (the frames of one sample
+    alike); evaluation sees exactly the frames it saw without jitter."""
+    from robo_rl.policies.nets.encoders import CameraEncoder, color_jitter
+
+    torch.manual_seed(0)
+    plain = CameraEncoder((24, 24), 8, 8, 1.0, kind="conv", conv_channels=(4, 8, 8))
+    jittered = CameraEncoder((24, 24), 8, 8, 1.0, kind="conv", conv_channels=(4, 8, 8), jitter=(0.4, 0.3, 0.3, 0.05))
+    frames = torch.full((6, 2, 24, 24, 3), 100, dtype=torch.uint8)
+    frames[..., 0] = 160  # a reddish grey
+    seen = {}
+    for name, enc in (("plain", plain), ("jittered", jittered)):
+        enc.net.forward = lambda x, name=name: (seen.setdefault(name, []).append(x.clone()), x.new_zeros(x.shape[0], 8))[1]
+        enc.eval()
+        enc(frames)
+        enc.train()
+        enc(frames)
+    assert torch.equal(seen["plain"][0], seen["jittered"][0])      # evaluation: identical frames
+    assert torch.equal(seen["plain"][1], seen["plain"][0])         # crop 1.0 and no jitter: the frame itself
+    train = seen["jittered"][1].reshape(6, 2, 3, 24, 24)
+    means = train.mean((-1, -2))                                   # sample, frame, channel
+    torch.testing.assert_close(means[:, 0], means[:, 1])          # one draw per sample, over its frames
+    assert means[:, 0].std(0).min() > 0.02                         # samples differ in every channel
+    assert train.min() >= -1 and train.max() <= 1
+    # zero strengths are the identity, and brightness alone scales the pixels
+    images = torch.rand(5, 3, 8, 8)
+    torch.testing.assert_close(color_jitter(images, 0, 0, 0, 0), images)
+    bright = color_jitter(images * 0.5, 0.5, 0, 0, 0)
+    ratio = bright / (images * 0.5)
+    torch.testing.assert_close(ratio, ratio[:, :1, :1, :1].expand_as(ratio), rtol=1e-4, atol=1e-4)
+    assert 0.5 <= ratio.min() and ratio.max() <= 1.5
+
+
 # --------------------------------------------------------------------------- training
 # the U-Net rows take ~10 s each on an AVX2-only CPU: -m slow (the U-Net's frozen sampler is checked by default)
 @pytest.mark.parametrize("name,options", [pytest.param("flow", TINY, marks=pytest.mark.slow),
@@ -396,7 +429,8 @@ def test_a_camera_train_picks_the_camera_recipe_and_the_command_line_wins(tmp_pa
     code, err, policy = train("auto", "obs_keys=[obs/qpos,obs/images/top]")
     assert code == 0, err
     recipe = {k.split(".", 1)[1]: v for k, v in {**CAMERA_RECIPE, **CAMERA_FLOW_RECIPE}.items() if k.startswith("policy.")}
-    assert {k: getattr(policy.config, k) for k in recipe} == recipe
+    as_lists = {k: list(v) if isinstance(v, tuple) else v for k, v in vars(policy.config).items()}
+    assert {k: as_lists[k] for k in recipe} == recipe
     saved = yaml.safe_load((tmp_path / "auto" / "config.yaml").read_text())
     assert str(saved["learner"]["bf16"]).lower() == ("true" if cpu_computes_bf16() else "auto")  # bf16 where the CPU has it
     assert str(saved["learner"]["compile"]).lower() == "auto"  # compiled when the run is long enough (1 step is not)

@@ -23,6 +23,7 @@ def main(argv: list[str]) -> int:
 def run(cfg: DictConfig) -> int:
     from robo_rl.sim.recording import expert_episode, recording_env
     from robo_rl.sim.expert import ExpertNoise
+    from robo_rl.sim.room import RoomRandomizer
 
     if cfg.episodes < 1:
         raise ConfigError(f"collect: episodes must be >= 1, got {cfg.episodes}")
@@ -36,7 +37,11 @@ def run(cfg: DictConfig) -> int:
         raise ConfigError(f"collect: grasp_along moves Insertion's grip on its peg; task={cfg.task} has no long part to grip")
     cameras = list(cfg.cameras or [])
     size = tuple(cfg.image_size)
-    env, schema = recording_env(cfg.task, cameras, size)
+    if not isinstance(cfg.randomize_room, bool):
+        raise ConfigError(f"collect: randomize_room={cfg.randomize_room!r}; choose true or false")
+    if cfg.randomize_room and not cameras:
+        raise ConfigError("collect: randomize_room=true changes only what cameras see; name cameras=[...]")
+    env, schema = recording_env(cfg.task, cameras, size, randomize=RoomRandomizer() if cfg.randomize_room else None)
     out = Path(cfg.out)
     try:
         store = EpisodeStore.open_or_create(out, schema, overwrite=bool(cfg.overwrite))
@@ -59,7 +64,7 @@ def run(cfg: DictConfig) -> int:
             if ok or cfg.keep_failed:
                 ts = np.arange(n) / env.robot.spec.control_hz
                 meta = EpisodeMeta(task=cfg.task, success=ok, source="scripted", operator="expert",
-                                   extra={**facts, "noise": cfg.noise})
+                                   extra={**facts, "noise": cfg.noise, "room": env.room.describe()})
                 store.add_episode(data, ts, "SCRIPTED", meta)
                 kept += 1
                 lengths.append(n)
@@ -74,6 +79,7 @@ def run(cfg: DictConfig) -> int:
         ("expert success rate", f"{successes / max(tries, 1):.1%} ({successes}/{tries} tries)"),
         ("mean length", f"{np.mean(lengths):.0f} steps ({np.mean(lengths) / env.robot.spec.control_hz:.1f} s)" if lengths else "-"),
         ("cameras", ", ".join(f"{c} {size[0]}x{size[1]}" for c in cameras) or "none (state only)"),
+        ("room", "a new one per episode (randomize_room)" if cfg.randomize_room else "the twin's own"),
         ("time", f"{elapsed:.0f} s ({elapsed / max(tries, 1):.1f} s per episode)"),
     ])
     if kept < cfg.episodes:

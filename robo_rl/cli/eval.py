@@ -49,6 +49,8 @@ def run(cfg: DictConfig) -> int:
         from robo_rl.cli.session import value_guided
 
         predict = guided = value_guided(predict, cfg.critic, int(cfg.critic_samples), policy, task, chunking)
+    if cfg.shifts:
+        return run_shifts(cfg, policy, task, chunking, out, predict, path)
     summary = run_eval(policy, task, chunking, int(cfg.episodes), int(cfg.n_envs), int(cfg.seed), int(cfg.videos), out,
                        cfg.inference_steps, cfg.max_steps, predict=predict, record=cfg.record, disturb=bool(cfg.disturb))
     extra = {"critic": str(cfg.critic), **guided.stats()} if guided is not None else {}
@@ -61,4 +63,33 @@ def run(cfg: DictConfig) -> int:
     if guided is not None:
         print(guided.describe())
     print(f"results: {out / 'eval.json'}")
+    return 0
+
+
+def run_shifts(cfg: DictConfig, policy, task: str, chunking: dict, out: Path, predict, path: Path) -> int:
+    """The robustness report: the nominal room and every shift of `shifts=`, on the same seeds."""
+    from robo_rl.cli.tables import print_table
+    from robo_rl.data.schema import IMAGE_PREFIX
+    from robo_rl.sim.evaluate import run_eval
+    from robo_rl.sim.robustness import shift_report as report, table_rows
+    from robo_rl.sim.room import parse_shifts
+
+    names = list(cfg.shifts) if OmegaConf.is_list(cfg.shifts) else [cfg.shifts]
+    cameras = [k[len(IMAGE_PREFIX):] for k in policy.shapes.images]
+    if not cameras:
+        raise ConfigError(f"eval: shifts= change what cameras see, and {path} holds a policy without cameras")
+    if cfg.record:
+        raise ConfigError("eval: record= and shifts= together are not supported; record the nominal room without shifts=")
+    rooms = parse_shifts(names, cameras)
+
+    def evaluate(room, name):
+        print(f"-- {name}: {room.describe() if room else 'the nominal room'}")
+        return run_eval(policy, task, chunking, int(cfg.episodes), int(cfg.n_envs), int(cfg.seed), int(cfg.videos),
+                        out / "shifts" / name.replace(":", "_"), cfg.inference_steps, cfg.max_steps, predict=predict,
+                        disturb=bool(cfg.disturb), room=room)
+
+    rows = report(rooms, evaluate, out)
+    print_table(f"eval {task}: {policy.name} policy in shifted rooms, {int(cfg.episodes)} episodes each from seed {int(cfg.seed)}",
+                ["shift", "the room", "success", "95% interval", "points vs nominal"], table_rows(rows))
+    print(f"results: {out / 'shifts.json'}, {out / 'shifts.png'}")
     return 0

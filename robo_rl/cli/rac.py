@@ -97,6 +97,10 @@ def run_rounds(cfg: DictConfig, ckpt: dict[str, Any], task: str, demos: str, n_d
     chunk_cfg = ChunkingConfig(**chunking)
     obs_keys = list(ckpt["obs_keys"])
     base = load_policy(ckpt)
+    if not isinstance(cfg.randomize_room, bool):
+        raise ConfigError(f"rac: randomize_room={cfg.randomize_room!r}; choose true or false")
+    if cfg.randomize_room and not base.shapes.images:
+        raise ConfigError(f"rac: randomize_room=true changes only what cameras see; {cfg.checkpoint} holds a policy without cameras")
     learner_cfg = LearnerConfig.from_dict(OmegaConf.to_container(cfg.finetune, resolve=True))
     op_cfg = OperatorConfig(**OmegaConf.to_container(cfg.operator_config, resolve=True))
     comp_opts = OmegaConf.to_container(cfg.composition, resolve=True)
@@ -131,7 +135,7 @@ def run_rounds(cfg: DictConfig, ckpt: dict[str, Any], task: str, demos: str, n_d
                 if need is None:  # no RaC run to match: as many demo steps as RaC episodes would take
                     need = int(cfg.episodes_per_round) * 200
                 st = collect_expert_demos(task, data, seed=300_000 + seed, max_samples=need, cameras=cameras,
-                                          image_size=image_size)
+                                          image_size=image_size, randomize_room=bool(cfg.randomize_room))
             else:
                 # a baseline runs until it matches RaC's operator samples; a human gets at most 3x the episodes
                 episodes = int(cfg.episodes_per_round) * (1 if target is None else 3 if human else 50)
@@ -139,7 +143,8 @@ def run_rounds(cfg: DictConfig, ckpt: dict[str, Any], task: str, demos: str, n_d
                 st = collect_interventions(predict, task, obs_keys, policy.config.n_obs, policy.config.horizon,
                                            chunk_cfg, data, episodes, seed, mode=method,
                                            n_envs=1 if human else int(cfg.n_envs), operator=op_cfg,
-                                           max_operator_samples=need, image_size=image_size, **human_opts)
+                                           max_operator_samples=need, image_size=image_size,
+                                           randomize_room=bool(cfg.randomize_room), **human_opts)
                 if human_session:
                     human_session.close_view()
             total.add(st)

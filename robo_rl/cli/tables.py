@@ -29,7 +29,7 @@ def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]]
         table.add_column(h)
     for r in rows:
         table.add_row(*(str(c) for c in r))
-    Console(width=120).print(table)
+    Console(width=120, emoji=False).print(table)  # ":top:" is a camera shift, not an emoji
 
 
 def print_episodes(who: str, episodes: Sequence[dict]) -> None:

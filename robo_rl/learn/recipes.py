@@ -23,6 +23,9 @@ RECIPES = ("auto", "camera", "none")
 # the camera recipe, as dotted config keys; the flow-only ones are dropped for diffusion
 CAMERA_RECIPE = {
     "policy.image_encoder": "conv", "policy.backbone": "mlp", "policy.n_obs": 1, "policy.horizon": 64,
+    # colour jitter per sample and camera (brightness, contrast, saturation, hue), training only: a
+    # camera policy trained without it failed every episode with the room's light at 0.6x or 1.5x
+    "policy.color_jitter": [0.4, 0.3, 0.3, 0.05],
     # ACT's temporal ensembling: a chunk every tick, each tick's action averaged over the chunks
     # that cover it. Run 8 actions per chunk instead and the same policy succeeds 2x less often.
     "eval.chunking.mode": "ensemble",

@@ -110,6 +110,9 @@ class ChunkConfig:
     image_encoder: str = "resnet18"  # resnet18 | conv: a 4-layer CNN, about 18x cheaper to train on a CPU
     conv_channels: tuple[int, ...] = CONV_CHANNELS  # image_encoder=conv: channels per layer
     crop_ratio: float = 0.9     # random crop side / image side while training
+    # training-only colour jitter per sample and camera: brightness, contrast and saturation factors
+    # in [1 - x, 1 + x], the hue turned by up to x of the colour circle (zeros: none)
+    color_jitter: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0)  # brightness, contrast, saturation, hue
     # Training-only remedies for a camera policy that copies its own joints instead of looking
     # (the "copycat" problem): per sample, drop every low-dim key to zero with this probability, or
     # add Gaussian noise of this size (in normalised units, where a key's range is [-1, 1]).
@@ -138,8 +141,9 @@ class ChunkConfig:
         for key in ("down_dims", "conv_channels"):
             if d.get(key) is not None:
                 d[key] = tuple(int(x) for x in d[key])
-        if d.get("action_weights") is not None:
-            d["action_weights"] = tuple(float(x) for x in d["action_weights"])
+        for key in ("action_weights", "color_jitter"):
+            if d.get(key) is not None:
+                d[key] = tuple(float(x) for x in d[key])
         cfg = cls(**d)
         cfg.validate()
         return cfg
@@ -152,6 +156,10 @@ class ChunkConfig:
         if not 0.0 <= self.lowdim_dropout < 1.0 or self.lowdim_noise < 0.0:
             raise ConfigError(f"policy.lowdim_dropout={self.lowdim_dropout} must be in [0, 1) and "
                               f"policy.lowdim_noise={self.lowdim_noise} >= 0")
+        jitter = list(self.color_jitter)
+        if len(jitter) != 4 or min(jitter) < 0 or max(jitter[:3]) >= 1 or jitter[3] > 0.5:
+            raise ConfigError(f"policy.color_jitter={jitter}: give 4 values [brightness, contrast, saturation, hue], "
+                              f"the first three in [0, 1), the hue in [0, 0.5] (a share of the colour circle)")
         if self.backbone not in ("unet", "transformer", "mlp"):
             raise ConfigError(f"policy.backbone={self.backbone!r}; choose transformer, unet or mlp")
         if not 1 <= self.n_action_steps <= self.horizon:
@@ -165,6 +173,7 @@ class ChunkConfig:
         d = asdict(self)
         d["down_dims"] = list(self.down_dims)
         d["conv_channels"] = list(self.conv_channels)
+        d["color_jitter"] = list(self.color_jitter)
         return d
 
 
@@ -202,7 +211,8 @@ class ChunkBody(nn.Module):
                                     for k, d in shapes.lowdim.items()})
         self.action_norm = TensorNormalizer(shapes.action_dim, get(shapes.action_key), cfg.norm_mode, cfg.action_min_span)
         self.encoder = ObsEncoder(shapes.lowdim, shapes.images, cfg.n_obs, cfg.obs_dim, cfg.image_feature_dim,
-                                  cfg.image_width, cfg.crop_ratio, cfg.image_encoder, cfg.conv_channels)
+                                  cfg.image_width, cfg.crop_ratio, cfg.image_encoder, cfg.conv_channels,
+                                  tuple(cfg.color_jitter))
         weights = cfg.action_weights or (1.0,) * shapes.action_dim
         if len(weights) != shapes.action_dim or min(weights) < 0:
             raise ConfigError(f"policy.action_weights has {len(weights)} values {list(weights)}; give {shapes.action_dim} "

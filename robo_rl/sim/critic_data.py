@@ -29,6 +29,7 @@ from robo_rl.data.store import EpisodeStore
 from robo_rl.errors import ConfigError, SchemaError
 from robo_rl.runtime.chunking import ChunkingConfig
 from robo_rl.sim.envs import BimanualEnv
+from robo_rl.sim.room import Room
 from robo_rl.runtime.episodes import store_step
 from robo_rl.sim.recording import demo_schema
 from robo_rl.sim.replay import load_episode, make_env, start_replay
@@ -148,7 +149,8 @@ class RolloutRecorder:
 def record_rollouts(predict: PredictFn, task: str, obs_keys: Sequence[str], n_obs: int, horizon: int,
                     chunking: ChunkingConfig, out: str | Path, episodes: int = 100, n_envs: int = 10,
                     seed: int = 100_000, image_size: tuple[int, int] | None = None, max_steps: int | None = None,
-                    disturb: bool = True, progress: bool = True, meta_extra: Mapping[str, object] | None = None) -> EvalSummary:
+                    disturb: bool = True, progress: bool = True, meta_extra: Mapping[str, object] | None = None,
+                    room: Room | None = None) -> EvalSummary:
     """Roll the policy out with `evaluate_policy` (same seeds, same chunking) and append every
     episode to the store at `out` (created if missing; an existing one must hold the same keys)."""
     cameras = [k[len(IMAGE_PREFIX):] for k in obs_keys if k.startswith(IMAGE_PREFIX)]
@@ -157,6 +159,6 @@ def record_rollouts(predict: PredictFn, task: str, obs_keys: Sequence[str], n_ob
     try:
         return evaluate_policy(predict, task, obs_keys, n_obs, horizon, chunking, episodes=episodes, n_envs=n_envs,
                                seed=seed, image_size=size, max_steps=max_steps, progress=progress, recorder=recorder,
-                               disturb=disturb)
+                               disturb=disturb, room=room)
     finally:
         recorder.close()

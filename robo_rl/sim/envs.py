@@ -20,6 +20,7 @@ from robo_rl.hardware.robot import Observation
 from robo_rl.runtime.episodes import Outcome
 from robo_rl.sim.expert import ExpertNoise, ScriptedExpert
 from robo_rl.sim.robot import SimRobot
+from robo_rl.sim.room import Room, RoomRandomizer, room_rng
 from robo_rl.sim.tasks import TASKS, make_task
 
 OBS_MODES = ("state", "pixels", "state+pixels")
@@ -37,16 +38,23 @@ class BimanualEnv(gym.Env):
         render_mode: str | None = None,
         max_steps: int | None = None,
         disturb: bool = False,
+        room: Room | None = None,
+        randomize: RoomRandomizer | None = None,
     ):
         """`disturb`: the task's disturbances happen (PackCube: the carried cube may slip). On for
-        policy rollouts (eval, RaC); off for recording demos, which stay clean."""
+        policy rollouts (eval, RaC); off for recording demos, which stay clean. `room`: how the
+        room looks (a shift of robo_rl/sim/room.py); `randomize`: a new room drawn at every reset
+        instead. Neither changes the physics, and the room's draws never move the task's."""
         if obs_mode not in OBS_MODES:
             raise ConfigError(f"obs_mode {obs_mode!r} unknown; choose one of {OBS_MODES}")
         self.task = make_task(task)
         self.obs_mode = obs_mode
         pixels = "pixels" in obs_mode
         render_cams = list(cameras) if pixels else (["top"] if render_mode == "rgb_array" else [])
-        self.robot = SimRobot(self.task.scene, cameras=render_cams, image_size=image_size)
+        self.room, self.randomize = room or Room(), randomize
+        self.robot = SimRobot(self.task.scene, cameras=render_cams, image_size=image_size, room=self.room,
+                              with_distractor=randomize is not None and randomize.distractor_p > 0)
+        self._room_stream = room_rng(None)
         self.render_mode = render_mode
         self.max_steps = max_steps or self.task.max_steps
         spec = self.robot.spec
@@ -82,6 +90,12 @@ class BimanualEnv(gym.Env):
         self.task.reset(self.robot, self.np_random)
         if self.disturb:
             self.task.draw_disturbances(self.robot, self.np_random)
+        if seed is not None:
+            self._room_stream = room_rng(seed)
+        if self.randomize is not None:
+            self.room = self.randomize.draw(self._room_stream, self.robot.cameras)
+        if self.randomize is not None or self.room.distractor:
+            self.robot.set_room(self.room, self._room_stream)
         self._steps = 0
         self._max_stage = 0
         return self._obs(), {"stage": 0, "success": False}

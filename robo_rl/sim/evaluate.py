@@ -20,13 +20,13 @@ from robo_rl.errors import ConfigError
 def run_eval(policy: Any, task: str, chunking: Mapping[str, Any], episodes: int, n_envs: int, seed: int,
              videos: int, out: Path | None, inference_steps: int | None = None, max_steps: int | None = None,
              progress: bool = True, count_recoveries: bool = False, predict: Any = None, record: str | None = None,
-             disturb: bool = True):
+             disturb: bool = True, room: Any = None):
     # The policy's sampling noise is drawn from a generator seeded by the evaluation seed alone, so an
     # evaluation inside demo, rac or train gives what robo-rl eval gives on the same checkpoint and
     # seeds, whatever the caller drew before; the caller's own random stream is left as it was.
     with seeded_noise(seed):
         return _run_eval(policy, task, chunking, episodes, n_envs, seed, videos, out, inference_steps, max_steps,
-                         progress, count_recoveries, predict, record, disturb)
+                         progress, count_recoveries, predict, record, disturb, room)
 
 
 @contextlib.contextmanager
@@ -41,7 +41,7 @@ def seeded_noise(seed: int) -> Iterator[None]:
 
 
 def _run_eval(policy, task, chunking, episodes, n_envs, seed, videos, out, inference_steps, max_steps, progress,
-              count_recoveries, predict, record, disturb):
+              count_recoveries, predict, record, disturb, room):
     from robo_rl.runtime.chunking import ChunkingConfig
     from robo_rl.sim.rollout import evaluate_policy
 
@@ -60,11 +60,11 @@ def _run_eval(policy, task, chunking, episodes, n_envs, seed, videos, out, infer
 
         return record_rollouts(predict, task, keys, cfg.n_obs, cfg.horizon, chunk_cfg, record, episodes=episodes,
                                n_envs=n_envs, seed=seed, image_size=image_size, max_steps=max_steps, progress=progress,
-                               disturb=disturb)
+                               disturb=disturb, room=room)
     return evaluate_policy(predict, task, keys, cfg.n_obs, cfg.horizon, chunk_cfg,
                            episodes=episodes, n_envs=n_envs, seed=seed, image_size=image_size, videos=videos,
                            video_dir=out / "videos" if out is not None else None, max_steps=max_steps, progress=progress,
-                           count_recoveries=count_recoveries, disturb=disturb)
+                           count_recoveries=count_recoveries, disturb=disturb, room=room)
 
 
 def write_eval(summary: Any, out: Path, **extra: Any) -> dict[str, Any]:

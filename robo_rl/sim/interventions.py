@@ -31,6 +31,7 @@ from robo_rl.runtime.controller import ControllerConfig
 from robo_rl.runtime.episodes import Episode, LockstepChunks, Outcome, run_episodes, store_step
 from robo_rl.runtime.sources import Interventions
 from robo_rl.sim.envs import BimanualEnv, TaskTwin
+from robo_rl.sim.room import RoomRandomizer
 from robo_rl.sim.expert import ExpertNoise
 from robo_rl.sim.operator import OperatorConfig, SimOperator
 from robo_rl.sim.recording import expert_episode, recording_env
@@ -102,6 +103,7 @@ def collect_interventions(
     on_tick: Callable[[BimanualEnv, InterventionController], None] | None = None,
     disturb: bool = True,
     image_size: tuple[int, int] | None = None,
+    randomize_room: bool = False,
 ) -> CollectStats:
     """Run `episodes` intervention rollouts (seeds seed, seed+1, ...) and append them to the store
     at `out` (created with the twin's demo schema if missing). With `max_operator_samples`, no new
@@ -113,12 +115,16 @@ def collect_interventions(
     rate, and `on_tick(env, controller)` runs after each tick (a viewer's sync, a status line).
     The rollouts meet the task's disturbances (`disturb`), as evaluation does. A camera policy
     (image keys in `obs_keys`) sees those cameras rendered at `image_size`, and the store records
-    them with the rest of each step."""
+    them with the rest of each step; with `randomize_room`, in a new room per episode (light,
+    camera poses, colours, a distractor: robo_rl/sim/room.py)."""
     if episodes < 1 or n_envs < 1:
         raise ConfigError(f"interventions: episodes and n_envs must be >= 1 (got {episodes}, {n_envs})")
     cameras = [k[len("obs/images/"):] for k in obs_keys if k.startswith("obs/images/")]
     n_envs = min(n_envs, episodes)
-    made = [recording_env(task, cameras, image_size, disturb=disturb) for _ in range(n_envs)]
+    if randomize_room and not cameras:
+        raise ConfigError("interventions: randomize_room changes only what cameras see, and the policy has none")
+    rooms = RoomRandomizer() if randomize_room else None
+    made = [recording_env(task, cameras, image_size, disturb=disturb, randomize=rooms) for _ in range(n_envs)]
     envs, schema = [env for env, _ in made], made[0][1]
     twins = [TaskTwin(env) for env in envs]
     store = EpisodeStore.open_or_create(out, schema)
@@ -234,12 +240,14 @@ class _Collection:
 
 def collect_expert_demos(task: str, out: str | Path, seed: int, max_samples: int, max_episodes: int = 10_000,
                          noise: ExpertNoise | None = None, cameras: Sequence[str] = (),
-                         image_size: tuple[int, int] | None = None) -> CollectStats:
+                         image_size: tuple[int, int] | None = None, randomize_room: bool = False) -> CollectStats:
     """The "more expert demos" baseline: successful scripted-expert episodes (human-like noise)
     appended to `out` until they hold `max_samples` steps, all counted as operator samples
-    (with `cameras` rendered at `image_size`, for a camera policy)."""
+    (with `cameras` rendered at `image_size`, for a camera policy; each in a new room with
+    `randomize_room`, as the rollouts it is compared with)."""
     cameras = list(cameras)
-    env, schema = recording_env(task, cameras, image_size)
+    env, schema = recording_env(task, cameras, image_size,
+                                randomize=RoomRandomizer() if randomize_room and cameras else None)
     store = EpisodeStore.open_or_create(out, schema)
     fps = env.robot.spec.control_hz
     stats, t0, tries = CollectStats(), time.perf_counter(), 0

@@ -14,6 +14,7 @@ import numpy as np
 from robo_rl.data.codecs import resize_rgb
 from robo_rl.errors import INSTALL_GL, ConfigError, RoboRLError
 from robo_rl.hardware.robot import Observation, RobotSpec
+from robo_rl.sim.room import Room, RoomControl, add_distractor
 
 SIM_DIR = Path(__file__).resolve().parents[2] / "sim"
 # The twin's camera frames are rendered at this many times their size and area-averaged down, as
@@ -46,13 +47,23 @@ class SimRobot:
         image_size: tuple[int, int] = (240, 320),
         realtime: bool = False,
         render_scale: int | None = None,
+        room: Room | None = None,
+        with_distractor: bool = False,
     ):
+        """`room`: how the room looks (robo_rl/sim/room.py; default: as the scene draws it).
+        `with_distractor`: the scene gets the distractor's body even if `room` has none, for rooms
+        set later (randomised rendering); it never collides, so the physics is the same."""
         path = Path(scene)
         if not path.is_absolute():
             path = SIM_DIR / path
         if not path.is_file():
             raise ConfigError(f"scene {path} not found (scenes live in sim/)")
-        self.model = mujoco.MjModel.from_xml_path(str(path))
+        if with_distractor or (room is not None and room.distractor):
+            spec = mujoco.MjSpec.from_file(str(path))
+            add_distractor(spec)
+            self.model = spec.compile()
+        else:
+            self.model = mujoco.MjModel.from_xml_path(str(path))
         self.data = mujoco.MjData(self.model)
         self.spec = RobotSpec.from_yaml(robot)
         dt = self.model.opt.timestep
@@ -83,6 +94,9 @@ class SimRobot:
         self.realtime = realtime
         self._renderer: mujoco.Renderer | None = None
         self._next_tick: float | None = None
+        self.rooms = RoomControl(self.model)
+        self.room = room or Room()
+        self.rooms.apply(self.room)
         self.reset()
 
     # ------------------------------------------------------------------ Robot protocol
@@ -121,6 +135,15 @@ class SimRobot:
         target = self.spec.home if qpos is None else np.asarray(qpos, dtype=np.float64)
         self.set_joint_positions(target)
         self._next_tick = None
+
+    def set_room(self, room: Room, rng: np.random.Generator | None = None) -> None:
+        """Render from now on in `room`; its distractor, if any, is placed with `rng` away from
+        the task's objects (call it after the task placed them)."""
+        self.rooms.apply(room, self.data, rng)
+        self.room = room
+        # positions only (the moved mocap body, cameras and lights): the dynamics' state is untouched
+        mujoco.mj_kinematics(self.model, self.data)
+        mujoco.mj_camlight(self.model, self.data)
 
     def set_joint_positions(self, qpos: np.ndarray) -> None:
         """Teleport the arms (and their commands) to `qpos`, action units."""

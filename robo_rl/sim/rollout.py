@@ -23,6 +23,7 @@ from robo_rl.runtime.chunking import ChunkingConfig
 from robo_rl.runtime.controller import ControllerConfig
 from robo_rl.runtime.episodes import Episode, LockstepChunks, Outcome, run_episodes
 from robo_rl.sim.envs import BimanualEnv, TaskTwin
+from robo_rl.sim.room import Room
 from robo_rl.sim.operator import RecoveryCounter
 
 PredictFn = Callable[[Mapping[str, np.ndarray]], np.ndarray]
@@ -125,9 +126,11 @@ def evaluate_policy(
     count_recoveries: bool = False,
     recorder: EpisodeRecorder | None = None,
     disturb: bool = True,
+    room: Room | None = None,
 ) -> EvalSummary:
     """Run `episodes` episodes (seeds seed, seed+1, ...) on `n_envs` envs in lockstep, with the
-    task's disturbances (`disturb`), through the episode loop (robo_rl/runtime/episodes.py)."""
+    task's disturbances (`disturb`), through the episode loop (robo_rl/runtime/episodes.py), in
+    the twin's nominal room or in `room` (a shift: robo_rl/sim/room.py)."""
     if episodes < 1 or n_envs < 1:
         raise ConfigError(f"evaluate: episodes and n_envs must be >= 1 (got {episodes}, {n_envs})")
     cameras = [k[len(IMAGE_PREFIX):] for k in obs_keys if k.startswith(IMAGE_PREFIX)]
@@ -135,7 +138,8 @@ def evaluate_policy(
     n_envs = min(n_envs, episodes)
     size = tuple(image_size) if image_size else (240, 320)
     envs = [BimanualEnv(task, obs_mode=obs_mode, cameras=cameras or ("top",), image_size=size,
-                        render_mode="rgb_array" if (i == 0 and videos) else None, max_steps=max_steps, disturb=disturb)
+                        render_mode="rgb_array" if (i == 0 and videos) else None, max_steps=max_steps, disturb=disturb,
+                        room=room)
             for i in range(n_envs)]
     twins = [TaskTwin(env) for env in envs]
     hooks = _Evaluation(twins, episodes, seed, stop_on_success, recorder, videos, video_dir,

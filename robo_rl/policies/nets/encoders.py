@@ -134,22 +134,67 @@ def center_crop(frames: torch.Tensor, crop: tuple[int, int]) -> torch.Tensor:
     return frames[:, top:top + crop[0], left:left + crop[1]].contiguous().permute(0, 3, 1, 2)
 
 
+LUMA = (0.299, 0.587, 0.114)  # ITU-R BT.601: the grey a colour is seen as
+
+
+def color_jitter(images: torch.Tensor, brightness: float, contrast: float, saturation: float, hue: float,
+                 per: int = 1) -> torch.Tensor:
+    """Photometric augmentation of N C H W images in [0, 1], one draw per group of `per`
+    consecutive images (a sample's frames share the room's light). Brightness, contrast and
+    saturation factors are drawn uniformly in [1 - x, 1 + x]; the hue turns by up to `hue` of the
+    colour circle about the grey axis; contrast blends each image with its mean grey. All four are
+    affine in the pixel, so each image gets one 3x3 matrix and one offset, applied in one pass
+    (a batched matrix product over the pixels cost 4x more), then clipped to [0, 1] as a camera's
+    pixels are."""
+    n, dev = images.shape[0] // per, images.device
+    eye = torch.eye(3, device=dev)
+
+    def factor(strength: float) -> torch.Tensor:
+        return 1 + (torch.rand(n, 1, 1, device=dev) * 2 - 1) * strength
+
+    luma = torch.tensor(LUMA, device=dev)
+    grey = torch.ones(3, 1, device=dev) * luma  # every channel set to the pixel's grey
+    sat = factor(saturation)
+    matrix = sat * eye + (1 - sat) * grey
+    if hue:
+        angle = (torch.rand(n, 1, 1, device=dev) * 2 - 1) * (hue * 2 * math.pi)
+        axis = torch.full((3,), 3 ** -0.5, device=dev)
+        cross = torch.tensor([[0.0, -1, 1], [1, 0, -1], [-1, 1, 0]], device=dev) * 3 ** -0.5  # axis x (.)
+        turn = torch.cos(angle) * eye + torch.sin(angle) * cross + (1 - torch.cos(angle)) * torch.outer(axis, axis)
+        matrix = turn @ matrix
+    matrix = (factor(brightness) * matrix).repeat_interleave(per, 0)
+    keep = factor(contrast).repeat_interleave(per, 0) if contrast else torch.ones_like(matrix[:, :1, :1])
+    # contrast: keep * (M p) + (1 - keep) * mean grey of M p, and that mean is luma . M . (mean p)
+    mean_grey = (matrix @ images.mean((2, 3))[:, :, None]).squeeze(-1) @ luma  # N
+    offset = ((1 - keep.view(-1)) * mean_grey)[:, None, None, None]
+    out = torch.einsum("nij,njhw->nihw", keep * matrix, images).add_(offset).clamp_(0, 1)
+    return out.contiguous(memory_format=torch.channels_last)
+
+
 class CameraEncoder(nn.Module):
     """uint8 HWC frames -> features. Random crop while training, centre crop when evaluating,
-    so train and test see the same scale. Frames are cropped as uint8 and reach the convolutions
-    channels-last (the layout oneDNN's CPU kernels run fastest in), as they are stored."""
+    so train and test see the same scale; while training, also the colour jitter `jitter`
+    (brightness, contrast, saturation, hue; zeros: none). Frames are cropped as uint8 and reach the
+    convolutions channels-last (the layout oneDNN's CPU kernels run fastest in), as they are stored."""
 
     def __init__(self, image_size: tuple[int, int], out_dim: int, width: int, crop_ratio: float, kind: str = "resnet18",
-                 conv_channels: tuple[int, ...] = CONV_CHANNELS):
+                 conv_channels: tuple[int, ...] = CONV_CHANNELS, jitter: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0)):
         super().__init__()
         self.crop = (max(8, int(math.floor(image_size[0] * crop_ratio))), max(8, int(math.floor(image_size[1] * crop_ratio))))
         self.net = ConvKeypoints(out_dim, tuple(conv_channels)) if kind == "conv" else ResNet18GN(out_dim, width)
+        self.jitter = tuple(float(v) for v in jitter)
 
     def forward(self, frames: torch.Tensor) -> torch.Tensor:
         lead = frames.shape[:-3]
         frames = frames.reshape(-1, *frames.shape[-3:])
-        crops = random_crop(frames, self.crop) if self.training else center_crop(frames, self.crop)
-        x = crops.float().div_(127.5).sub_(1.0)  # keeps the channels-last layout
+        if not self.training:
+            x = center_crop(frames, self.crop).float().div_(127.5).sub_(1.0)  # keeps the channels-last layout
+        elif any(self.jitter):
+            with torch.autocast(frames.device.type, enabled=False):  # pixels stay fp32 into the first conv, as without jitter
+                x = color_jitter(random_crop(frames, self.crop).float().div_(255.0), *self.jitter,
+                                 per=int(math.prod(lead[1:])) if len(lead) > 1 else 1).mul(2.0).sub_(1.0)
+        else:
+            x = random_crop(frames, self.crop).float().div_(127.5).sub_(1.0)
         return self.net(x).reshape(*lead, -1)
 
 
@@ -161,12 +206,13 @@ class ObsEncoder(nn.Module):
 
     def __init__(self, lowdim_dims: dict[str, int], image_sizes: dict[str, tuple[int, int]], n_obs: int,
                  out_dim: int = 256, image_feature_dim: int = 64, image_width: int = 64, crop_ratio: float = 0.9,
-                 image_encoder: str = "resnet18", conv_channels: tuple[int, ...] = CONV_CHANNELS):
+                 image_encoder: str = "resnet18", conv_channels: tuple[int, ...] = CONV_CHANNELS,
+                 jitter: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0)):
         super().__init__()
         self.lowdim_keys = sorted(lowdim_dims)
         self.camera_keys = sorted(image_sizes)
         self.cameras = nn.ModuleDict({k.replace("/", "__"): CameraEncoder(tuple(image_sizes[k]), image_feature_dim, image_width,
-                                                                          crop_ratio, image_encoder, conv_channels)
+                                                                          crop_ratio, image_encoder, conv_channels, jitter)
                                       for k in self.camera_keys})
         per_frame = sum(lowdim_dims.values()) + image_feature_dim * len(self.camera_keys)
         self.mlp = mlp([per_frame * n_obs, out_dim, out_dim], final_act=True)
