@@ -1,4 +1,4 @@
-"""Converters and viewer benchmark (issue 8): what each costs on top of the library doing the real
+"""Converters and viewer benchmark: what each costs on top of the library doing the real
 work, with that baseline measured in the same run on the same data.
 
 Data: a store built in a temp dir by the twin's scripted expert (transfer_cube, camera `top` at

@@ -1,4 +1,4 @@
-"""The demo's evaluation in one process against two (issue 41): the same checkpoint, episodes and
+"""The demo's evaluation in one process against two: the same checkpoint, episodes and
 parts (each part its own noise seed, one torch thread), timed in the same run.
 
 `robo-rl demo processes=2` (the default) runs the second half of each evaluation in a spawned

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Camera policies at GPU size (issue 40, part 6), in one call of a lent GPU machine that has
+# Camera policies at GPU size, in one call of a lent GPU machine that has
 # PyTorch but no package registry:
 #
 #   bash bench/gpu_cameras.sh [SECONDS]        (default 570: everything ends inside SECONDS)

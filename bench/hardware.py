@@ -1,4 +1,4 @@
-"""Hardware-side benchmark (issue 6): the Controller's timing, latency over ROS 2, recording.
+"""Hardware-side benchmark: the Controller's timing, latency over ROS 2, recording.
 
 (a) period jitter at 50, 200 and 500 Hz for 5 s each: the Controller (its own work: observe,
     chunk schedule, safety filter, act, record call) driving the MuJoCo twin without cameras,
@@ -16,7 +16,7 @@
     every step to the Recorder (its writer process compresses and commits). Baseline in the same
     run: the same loop without recording.
 
-(d) one driver per arm (issue 43): the tick period of the Controller (50 Hz) on the ROS 2 robot
+(d) one driver per arm: the tick period of the Controller (50 Hz) on the ROS 2 robot
     against `robo-rl sim-bridge` with the other-writer check on, against the same loop with it
     off (allow_other_writers=true), interleaved in the same run; the cost of one fault() call;
     and how long after another participant creates a writer on a command topic the loop stops.

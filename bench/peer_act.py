@@ -1,4 +1,4 @@
-"""A peer in the same run: LeRobot's ACT beside our camera policy, at the same CPU minutes (issue 40, part 4).
+"""A peer in the same run: LeRobot's ACT beside our camera policy, at the same CPU minutes.
 
     python bench/peer_act.py --minutes 15 30 --tasks transfer_cube insertion [--parallel 2]
     python bench/peer_act.py --table                  # the table of runs already made

@@ -1,4 +1,4 @@
-"""LeRobot's ACT, run inside LeRobot's own venv for bench/peer_act.py (issue 40, part 4).
+"""LeRobot's ACT, run inside LeRobot's own venv for bench/peer_act.py.
 
 This file imports lerobot and torch only, never robo_rl: it is run by the peer venv's python.
 

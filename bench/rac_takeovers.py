@@ -1,4 +1,4 @@
-"""What RaC's and HG-DAgger's operators take over for (issue 41): one round of each on the same
+"""What RaC's and HG-DAgger's operators take over for: one round of each on the same
 policy and seeds, its takeovers counted by kind.
 
 `robo-rl rac` at the CPU demo's sizes found RaC and HG-DAgger level in every round. The named

@@ -1,4 +1,4 @@
-"""A robot in a shared lab (issue 43): one driver per arm, and DDS discovery no wider than ROS 2's
+"""A robot in a shared lab: one driver per arm, and DDS discovery no wider than ROS 2's
 settings allow. Real processes, real DDS; the network test builds its own namespace."""
 
 from __future__ import annotations

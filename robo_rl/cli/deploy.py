@@ -131,7 +131,7 @@ def run(cfg: DictConfig) -> int:
         predict = RtcPredictor(policy, steps=cfg.inference_steps)
     else:
         predict = predictor(policy, cfg.inference_steps)
-    if cfg.critic:  # issue 7: value-guided chunk selection (best of critic_samples), checked before the robot opens
+    if cfg.critic:  # value-guided chunk selection (best of critic_samples), checked before the robot opens
         from robo_rl.cli.session import value_guided
 
         predict = value_guided(predict, cfg.critic, int(cfg.critic_samples), policy, cfg.task or ckpt.get("task"),
@@ -203,7 +203,7 @@ def run(cfg: DictConfig) -> int:
     print_table(f"deploy: {cfg.checkpoint}", ["measure", "value"], rows)
     if len(outcomes) > 1:
         print_episodes("deploy", outcomes)
-    if cfg.critic:  # issue 7
+    if cfg.critic:  # value-guided chunk selection
         print(predict.describe())
     if s["stopped_reason"]:
         print(f"stopped: {s['stopped_reason']}")

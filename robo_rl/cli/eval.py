@@ -43,7 +43,7 @@ def run(cfg: DictConfig) -> int:
     overrides = OmegaConf.to_container(cfg.chunking, resolve=True) if cfg.chunking else {}
     chunking.update({k: v for k, v in overrides.items() if v is not None})
     out = Path(cfg.out) if cfg.out else path.parent.parent / f"eval-{path.stem}"
-    # --- issue 7: value-guided chunk selection (critic=PATH) and rollout recording (record=PATH) ---
+    # value-guided chunk selection (critic=PATH) and rollout recording (record=PATH)
     predict, guided = predictor(policy, cfg.inference_steps), None
     if cfg.critic:
         from robo_rl.cli.session import value_guided
@@ -56,7 +56,6 @@ def run(cfg: DictConfig) -> int:
     extra = {"critic": str(cfg.critic), **guided.stats()} if guided is not None else {}
     if cfg.record:
         extra["record"] = str(cfg.record)
-    # --- end issue 7 ---
     result = write_eval(summary, out, checkpoint=str(path), step=int(ckpt.get("step", 0)), ema=bool(cfg.ema),
                         chunking=chunking, disturb=bool(cfg.disturb), inference_steps=cfg.inference_steps or policy.config.inference_steps, **extra)
     print_summary(summary, f"eval {task}: {policy.name} policy, step {result['step']}")

@@ -1,4 +1,4 @@
-"""Running policies at control rate: action-chunk execution (and, with issue 6, the Controller)."""
+"""Running policies at control rate: action-chunk execution (and the fixed-rate Controller)."""
 
 from robo_rl.runtime.chunking import ChunkExecutor, ChunkingConfig
 

@@ -54,8 +54,8 @@ def _run_eval(policy, task, chunking, episodes, n_envs, seed, videos, out, infer
         raise ConfigError(f"chunking: {e}") from None
     from robo_rl.policies.common import predictor
 
-    predict = predictor(policy, inference_steps) if predict is None else predict  # value-guided selection passes its own (issue 7)
-    if record:  # issue 7: the same rollouts, also written to an episode store with per-step stages
+    predict = predictor(policy, inference_steps) if predict is None else predict  # value-guided selection passes its own
+    if record:  # the same rollouts, also written to an episode store with per-step stages
         from robo_rl.sim.critic_data import record_rollouts
 
         return record_rollouts(predict, task, keys, cfg.n_obs, cfg.horizon, chunk_cfg, record, episodes=episodes,

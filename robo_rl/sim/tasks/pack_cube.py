@@ -231,7 +231,7 @@ class PackCube:
 @dataclass
 class PackCubeNoLid(PackCube):
     """PackCube without its lid sub-task: cube into the box, then press the latch. The CPU size of
-    `robo-rl demo` (issue 41). With 50 demos and a few CPU minutes, imitation puts the cube in the
+    `robo-rl demo`. With 50 demos and a few CPU minutes, imitation puts the cube in the
     box whenever it does not slip, but seats the lid in only about half of those episodes, a
     shortfall of data and compute that no recovery fixes. Without the lid, what imitation leaves
     undone is mostly the slips, the failure RaC's recoveries teach. The lid stays in the scene
