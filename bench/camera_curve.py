@@ -11,7 +11,9 @@ and 98% in 20 minutes) are docs/results.md's and not rerun here.
 
 Demos: `data/demos/<task>_cams` (50 scripted episodes, three cameras at 96x96), recorded first if
 missing. `--parallel 2` trains two runs at once, one thread each (the 2-core machine shared);
-`--parallel 1` gives one run both cores. `--seeds 0 1` trains each point once per training seed
+`--parallel 1` gives one run both cores. `--randomize-room` trains on demos recorded with a new room per
+episode (`data/demos/<task>_cams_rooms`, `collect randomize_room=true`); `--set KEY=VALUE ...` adds train
+overrides to every run (e.g. one augmentation's row). `--seeds 0 1` trains each point once per training seed
 (`learner.seed`; the evaluation seeds stay 100000+): the run-to-run spread. Writes <out>/curve.png
 and <out>/curve.json.
 """
@@ -40,12 +42,13 @@ def robo_rl(*args: str, log: Path | None = None) -> subprocess.Popen:
                             env={**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")})
 
 
-def demos_for(task: str, episodes: int) -> Path:
-    path = Path("data/demos") / f"{task}_cams"
+def demos_for(task: str, episodes: int, randomize_room: bool = False) -> Path:
+    """The task's camera demos, recorded first if missing; `randomize_room`: a new room per episode."""
+    path = Path("data/demos") / f"{task}_cams{'_rooms' if randomize_room else ''}"
     if not path.exists():
         print(f"recording {episodes} demos of {task} with three cameras at 96x96 -> {path}")
         if robo_rl("collect", f"task={task}", f"episodes={episodes}", "cameras=[top,left_wrist,right_wrist]",
-                   "image_size=[96,96]", f"out={path}").wait() != 0:
+                   "image_size=[96,96]", f"randomize_room={str(randomize_room).lower()}", f"out={path}").wait() != 0:
             raise SystemExit(f"collect failed for {task}")
     return path
 
@@ -113,6 +116,10 @@ def main() -> None:
     ap.add_argument("--seeds", nargs="+", type=int, default=[0], help="training seeds (learner.seed) per point")
     ap.add_argument("--steps", type=int, default=None,
                     help="learner.steps, the schedule's cap (default: none, the steps that fit in the minutes)")
+    ap.add_argument("--randomize-room", action="store_true",
+                    help="train on demos recorded with a new room per episode (data/demos/<task>_cams_rooms)")
+    ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                    help="more train overrides for every run, e.g. policy.color_jitter=[0.4,0,0,0]")
     ap.add_argument("--out", type=Path, default=Path("data/runs/curve"))
     ap.add_argument("--table", type=Path, default=None, help="only tabulate the runs under this folder")
     args = ap.parse_args()
@@ -130,11 +137,11 @@ def main() -> None:
                 if (run / "evals.jsonl").is_file():
                     continue
                 print(f"training {task} for {minutes:g} min ({threads} thread(s)) -> {run}")
-                procs.append(robo_rl("train", "policy=flow", f"task={task}", f"dataset={demos_for(task, args.demos)}",
+                procs.append(robo_rl("train", "policy=flow", f"task={task}", f"dataset={demos_for(task, args.demos, args.randomize_room)}",
                                      f"obs_keys={CAMERAS}", f"learner.max_minutes={minutes:g}", f"learner.threads={threads}",
                                      f"eval.episodes={args.episodes}", "eval.videos=0", f"run_dir={run}",
                                      f"learner.seed={seed}",
-                                     *([f"learner.steps={args.steps}"] if args.steps else []),
+                                     *([f"learner.steps={args.steps}"] if args.steps else []), *args.set,
                                      log=run.with_suffix(".log")))
             for p in procs:
                 p.wait()
