@@ -30,7 +30,8 @@
   and where the cube ends, against the demos.
 - `shifts` (any task; a camera policy): the demos replayed in shifted rooms (robo_rl/sim/room.py),
   frame by frame through the policy: which camera's features each shift moves, and how far that
-  moves the actions, with every camera shifted and with one at a time.
+  moves the actions, with every camera shifted and with one at a time. `--dataset` may also be the
+  policy's own rollouts (`robo-rl eval ... record=PATH`): the states it reaches itself.
 - `latch` (PackCube, either variant; any policy): after the cube is in the box, where the right
   hand goes relative to the latch button and how deep the button goes, rollouts that latched
   (the reference, in the same store) against those that ran out of time with the cube in the box,
@@ -802,13 +803,17 @@ def run_shifts(args) -> None:
         for k in keys:
             f0, f1 = policy_features(policy, k, nominal[k]), policy_features(policy, k, shifted[k])
             spread = np.linalg.norm(f0 - f0.mean(0), axis=1).mean()
-            cells.append(f"{shifted[k].mean() - nominal[k].mean():+.0f} px, {np.linalg.norm(f1 - f0, axis=1).mean() / spread:.2f}")
+            clipped = (shifted[k] == 255).any(-1).mean()  # pixels white in a channel: detail the light erased
+            cells.append(f"{shifted[k].mean() - nominal[k].mean():+.0f} px ({clipped:.0%} clipped), "
+                         f"{np.linalg.norm(f1 - f0, axis=1).mean() / spread:.2f}")
         moved = [np.abs(chunks(shifted) - base).mean()]
         moved += [np.abs(chunks({**nominal, k: shifted[k]}) - base).mean() for k in keys]
         rows.append((name, *cells, *(f"{m:.3f}" for m in moved)))
     torch.manual_seed(1)
     noise_only = np.abs(chunks(nominal) - base).mean()
-    show(f"a shifted room through the policy, on {len(q)} demo states ({args.checkpoint}; mean pixel change, feature shift / "
+    clipped0 = ", ".join(f"{c} {(nominal[k] == 255).any(-1).mean():.0%}" for k, c in zip(keys, cams))
+    show(f"a shifted room through the policy, on {len(q)} recorded states ({args.dataset}; {args.checkpoint}; mean pixel "
+         f"change (pixels clipped at white; nominal: {clipped0}), feature shift / "
          f"spread; starting noise alone moves the actions {noise_only:.3f}; {cpu_kind()})",
          ["shift", *[f"{c}: pixel, features" for c in cams], "actions, all cameras shifted",
           *[f"actions, only {c} shifted" for c in cams]], rows)

@@ -317,14 +317,15 @@ def camera_tables(console, quick: bool, compiled: bool) -> None:
     console.print(t)
 
     # (t2) where the time goes: the profiler's self time of every op over real steps, by kind
+    profiled = ("before", "now", "now + colour jitter")
     t = table(f"(t2) where a camera training step goes ({where}; torch.profiler, 5 steps, self time by kind of op)",
-              ["kind of op", *[f"{name} ms/step" for name in ("before", "now")], "now: share"])
-    shares = {name: step_profile(steps[name], 5) for name in ("before", "now")}
+              ["kind of op", *[f"{name} ms/step" for name in profiled], "now: share"])
+    shares = {name: step_profile(steps[name], 5) for name in profiled}
     total_now = sum(shares["now"].values())
     for kind in OP_KINDS:
-        t.add_row(kind, *[f"{shares[name].get(kind, 0.0):.1f}" for name in ("before", "now")],
+        t.add_row(kind, *[f"{shares[name].get(kind, 0.0):.1f}" for name in profiled],
                   f"{shares['now'].get(kind, 0.0) / total_now:.0%}")
-    t.add_row("all", *[f"{sum(shares[name].values()):.1f}" for name in ("before", "now")], "100%")
+    t.add_row("all", *[f"{sum(shares[name].values()):.1f}" for name in profiled], "100%")
     console.print(t)
     idx = torch.randint(0, 2000, (128, 1))
     frames = bank["obs/images/top"]
@@ -332,6 +333,20 @@ def camera_tables(console, quick: bool, compiled: bool) -> None:
     select = median_ms(lambda: frames.index_select(0, idx.reshape(-1)).view(128, 1, 96, 96, 3), 20)
     console.print(f"the sampler's gather of one camera's 128 frames: {advanced:.2f} ms by advanced indexing (before), "
                   f"{select:.2f} ms by index_select (now); 3 cameras a step")
+    # the camera encoder's input path alone (crop, uint8 -> float, the jitter), the network left out
+    crops = frames[idx.reshape(-1)][:, None]
+    inputs = {}
+    for jitter in ((0.0,) * 4, tuple(TRAIN_RECIPE["policy.color_jitter"])):
+        enc = encoders.CameraEncoder((96, 96), 64, 8, 0.9, kind="conv", jitter=jitter).train()
+        enc.net = torch.nn.Identity()
+        inputs[("jitter" if any(jitter) else "no jitter", "eager")] = enc
+        if compiled:
+            inputs[("jitter" if any(jitter) else "no jitter", "compiled")] = torch.compile(enc)
+    for fn in inputs.values():
+        fn(crops)
+    ms = {k: median_ms(lambda fn=fn: fn(crops), 20) for k, fn in inputs.items()}
+    console.print("the camera encoder's input path (crop, to float, jitter) for one camera's 128 frames: " + ", ".join(
+        f"{name} {mode} {v:.1f} ms" for (name, mode), v in ms.items()))
 
     # (t3) one chunk at batch 1, what ensembling asks for every tick
     t = table(f"(t3) camera recipe, one chunk at batch 1 ({cpu_kind()}); target p99 <= 10 ms on 2 AVX512-BF16 "
