@@ -23,7 +23,7 @@ def main(argv: list[str]) -> int:
 def run(cfg: DictConfig) -> int:
     from robo_rl.sim.recording import expert_episode, recording_env
     from robo_rl.sim.expert import ExpertNoise
-    from robo_rl.sim.room import RoomRandomizer
+    from robo_rl.sim.room import randomizer_option
 
     if cfg.episodes < 1:
         raise ConfigError(f"collect: episodes must be >= 1, got {cfg.episodes}")
@@ -37,11 +37,8 @@ def run(cfg: DictConfig) -> int:
         raise ConfigError(f"collect: grasp_along moves Insertion's grip on its peg; task={cfg.task} has no long part to grip")
     cameras = list(cfg.cameras or [])
     size = tuple(cfg.image_size)
-    if not isinstance(cfg.randomize_room, bool):
-        raise ConfigError(f"collect: randomize_room={cfg.randomize_room!r}; choose true or false")
-    if cfg.randomize_room and not cameras:
-        raise ConfigError("collect: randomize_room=true changes only what cameras see; name cameras=[...]")
-    env, schema = recording_env(cfg.task, cameras, size, randomize=RoomRandomizer() if cfg.randomize_room else None)
+    rooms = randomizer_option(cfg.randomize_room, "collect", None if cameras else "name cameras=[...]")
+    env, schema = recording_env(cfg.task, cameras, size, randomize=rooms)
     out = Path(cfg.out)
     try:
         store = EpisodeStore.open_or_create(out, schema, overwrite=bool(cfg.overwrite))

@@ -89,6 +89,7 @@ def run_rounds(cfg: DictConfig, ckpt: dict[str, Any], task: str, demos: str, n_d
     from robo_rl.runtime.chunking import ChunkingConfig
     from robo_rl.sim.interventions import CollectStats, collect_expert_demos, collect_interventions
     from robo_rl.sim.operator import OperatorConfig
+    from robo_rl.sim.room import randomizer_option
 
     human = human_session is not None
     out.mkdir(parents=True, exist_ok=True)
@@ -97,10 +98,8 @@ def run_rounds(cfg: DictConfig, ckpt: dict[str, Any], task: str, demos: str, n_d
     chunk_cfg = ChunkingConfig(**chunking)
     obs_keys = list(ckpt["obs_keys"])
     base = load_policy(ckpt)
-    if not isinstance(cfg.randomize_room, bool):
-        raise ConfigError(f"rac: randomize_room={cfg.randomize_room!r}; choose true or false")
-    if cfg.randomize_room and not base.shapes.images:
-        raise ConfigError(f"rac: randomize_room=true changes only what cameras see; {cfg.checkpoint} holds a policy without cameras")
+    randomizer_option(cfg.randomize_room, "rac",
+                      None if base.shapes.images else f"{cfg.checkpoint} holds a policy without cameras")
     learner_cfg = LearnerConfig.from_dict(OmegaConf.to_container(cfg.finetune, resolve=True))
     op_cfg = OperatorConfig(**OmegaConf.to_container(cfg.operator_config, resolve=True))
     comp_opts = OmegaConf.to_container(cfg.composition, resolve=True)

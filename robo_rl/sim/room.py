@@ -159,6 +159,16 @@ class RoomRandomizer:
                     distractor=bool(rng.random() < self.distractor_p))
 
 
+def randomizer_option(value: object, where: str, cameras_missing: str | None) -> RoomRandomizer | None:
+    """The `randomize_room=` option of a verb, checked in one line each: a boolean, and only where
+    cameras exist to see the room (`cameras_missing`: what to say when they do not; None: they do)."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}: randomize_room={value!r}; choose true or false")
+    if value and cameras_missing is not None:
+        raise ConfigError(f"{where}: randomize_room=true changes only what cameras see; {cameras_missing}")
+    return RoomRandomizer() if value else None
+
+
 def room_rng(seed: int | None, salt: int = 0x50_0A) -> np.random.Generator:
     """A room's own random stream, from the episode's seed: drawing a room never moves the task's
     draws, so an episode starts from the same scene in every room."""
