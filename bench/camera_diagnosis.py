@@ -31,7 +31,8 @@
 - `shifts` (any task; a camera policy): the demos replayed in shifted rooms (robo_rl/sim/room.py),
   frame by frame through the policy: which camera's features each shift moves, and how far that
   moves the actions, with every camera shifted and with one at a time. `--dataset` may also be the
-  policy's own rollouts (`robo-rl eval ... record=PATH`): the states it reaches itself.
+  policy's own rollouts (`robo-rl eval ... record=PATH`): the states it reaches itself; `--stages
+  1 2` keeps only the states in those task stages (TransferCube's hand-over).
 - `latch` (PackCube, either variant; any policy): after the cube is in the box, where the right
   hand goes relative to the latch button and how deep the button goes, rollouts that latched
   (the reference, in the same store) against those that ran out of time with the cube in the box,
@@ -752,7 +753,9 @@ def run_shifts(args) -> None:
     policy. Per shift and camera: how much the mean pixel moves, and how far the camera's features
     move against their spread over the demo's states (1: as far as two different states lie apart).
     Then how far the policy's first 16 actions move (mean |change|, rad or gripper units, the same
-    starting noise) when every camera sees the shifted room, and when only one does."""
+    starting noise) when every camera sees the shifted room, and when only one does. `--stages`
+    keeps only the states in those task stages (e.g. TransferCube's hand-over: 1 2), `--every`
+    takes every n-th step."""
     from robo_rl.data.schema import IMAGE_PREFIX
     from robo_rl.policies import load_policy
     from robo_rl.policies.common import predictor
@@ -779,13 +782,16 @@ def run_shifts(args) -> None:
             if room is not None and room.distractor:
                 env.robot.set_room(room, np.random.default_rng(i))
             for t in range(ep.length):
-                obs, *_ = env.step(ep.action[t])
-                if t % 10 == 0:
+                obs, _, _, _, info = env.step(ep.action[t])
+                # the stage is physics alone, so every room keeps the same states
+                if t % args.every == 0 and (args.stages is None or info["stage"] in args.stages):
                     for k, c in zip(keys, cams):
                         frames[name][k].append(obs["images"][c])
                     if room is None:
                         qpos.append(obs["qpos"])
             env.close()
+    if not qpos:
+        raise SystemExit(f"shifts: no state of {args.dataset}'s first {args.episodes} episodes is in stages {args.stages}")
     nominal = {k: np.stack(v) for k, v in frames["nominal"].items()}
     q = np.stack(qpos)
     predict = predictor(policy)
@@ -812,7 +818,9 @@ def run_shifts(args) -> None:
     torch.manual_seed(1)
     noise_only = np.abs(chunks(nominal) - base).mean()
     clipped0 = ", ".join(f"{c} {(nominal[k] == 255).any(-1).mean():.0%}" for k, c in zip(keys, cams))
-    show(f"a shifted room through the policy, on {len(q)} recorded states ({args.dataset}; {args.checkpoint}; mean pixel "
+    where = f"stages {args.stages}, " if args.stages is not None else ""
+    show(f"a shifted room through the policy, on {len(q)} recorded states ({where}every {args.every}th step; "
+         f"{args.dataset}; {args.checkpoint}; mean pixel "
          f"change (pixels clipped at white; nominal: {clipped0}), feature shift / "
          f"spread; starting noise alone moves the actions {noise_only:.3f}; {cpu_kind()})",
          ["shift", *[f"{c}: pixel, features" for c in cams], "actions, all cameras shifted",
@@ -838,6 +846,8 @@ def main() -> None:
     ap.add_argument("--expert-episodes", type=int, default=12, help="grip: scripted episodes per distance")
     ap.add_argument("--episodes", type=int, default=5, help="shifts: demos replayed")
     ap.add_argument("--shifts", nargs="*", default=["light", "camera", "table", "distractor"], help="shifts: the rooms (eval's names)")
+    ap.add_argument("--stages", type=int, nargs="*", default=None, help="shifts: only the states in these task stages")
+    ap.add_argument("--every", type=int, default=10, help="shifts: every n-th step of each episode")
     args = ap.parse_args()
     {"probe": run_probe, "align": run_align_probe, "reach": run_reach_probe, "stuck": run_stuck, "aim": run_aim, "grip": run_grip, "handover": run_handover, "latch": run_latch, "openloop": run_openloop, "position": run_position, "grasp": run_grasp,
      "shifts": run_shifts}[args.part](args)

@@ -83,6 +83,27 @@ def test_a_distractor_stands_on_the_table_in_a_small_patch_of_its_own_colour(nom
     assert not np.array_equal(frames[0], frames[1])  # placed from each episode's seed
 
 
+def test_a_distractor_takes_the_colour_it_is_given_and_aside_keeps_off_the_objects_rows(nominal):
+    teal, yellow = first_frame(room("distractor")), first_frame(room("distractor:yellow"))
+    teal_patch, yellow_patch = (np.abs(f - nominal).sum(-1) > 30 for f in (teal, yellow))
+    assert (teal_patch & yellow_patch).sum() > 0.8 * teal_patch.sum()  # the same place on the same seed
+    patch = yellow[yellow_patch]
+    assert patch[:, 0].mean() > patch[:, 2].mean() + 80 and patch[:, 1].mean() > patch[:, 2].mean() + 80  # yellow
+    sides = {}
+    for name in ("distractor", "distractor:aside:grey"):
+        env = BimanualEnv("transfer_cube", "pixels", CAMERAS, (48, 64), room=room(name))
+        ys = []
+        for seed in range(12):
+            env.reset(seed=seed)
+            ys.append(abs(float(env.robot.data.mocap_pos[env.robot.rooms.distractor_mocap][1])))
+        env.close()
+        sides[name] = np.array(ys)
+    assert sides["distractor:aside:grey"].min() >= 0.18
+    assert sides["distractor"].min() < 0.18  # anywhere: it also stands among the objects' rows
+    with pytest.raises(ConfigError, match="distractor\\[:aside\\]\\[:COLOUR\\]"):
+        parse_shifts(["distractor:purple"], CAMERAS)
+
+
 def test_no_room_changes_the_physics():
     actions = np.random.default_rng(0).uniform(-0.05, 0.05, (30, 14))
     runs = []

@@ -24,6 +24,8 @@ from robo_rl.errors import ConfigError
 
 DISTRACTOR = "distractor"  # the mocap body the twin adds when a room may hold a distractor
 DISTRACTOR_RGBA = (0.15, 0.55, 0.5, 1.0)  # teal: no task object has this colour
+DISTRACTOR_COLOURS = {"teal": DISTRACTOR_RGBA[:3], "yellow": (0.9, 0.8, 0.2), "grey": (0.5, 0.5, 0.5)}
+DISTRACTOR_PLACES = ("anywhere", "aside")  # aside: in a band at the table's front or back, off the objects' rows
 DISTRACTOR_SIZE = (0.03, 0.045)  # a cylinder, radius and half-height (m): a mug's size
 TABLE_COLOURS = {"blue": (0.42, 0.5, 0.62), "green": (0.35, 0.5, 0.35), "grey": (0.55, 0.55, 0.55),
                  "white": (0.85, 0.85, 0.82), "dark": (0.2, 0.18, 0.16)}
@@ -48,6 +50,8 @@ class Room:
     table_rgb: tuple[float, float, float] | None = None  # a plain colour instead of the table's texture
     object_hue_deg: float = 0.0                 # the task objects' colours turned round the hue circle
     distractor: bool = False                    # a mug-sized cylinder on the table, away from the task's objects
+    distractor_colour: str = "teal"             # a key of DISTRACTOR_COLOURS
+    distractor_place: str = "anywhere"          # a value of DISTRACTOR_PLACES
 
     def describe(self) -> str:
         parts = []
@@ -66,7 +70,8 @@ class Room:
         if self.object_hue_deg:
             parts.append(f"objects' hue {self.object_hue_deg:+.0f} deg")
         if self.distractor:
-            parts.append("a distractor on the table")
+            parts.append(f"a {self.distractor_colour} distractor on the table"
+                         + (", aside" if self.distractor_place == "aside" else ""))
         return ", ".join(parts) or "as recorded"
 
 
@@ -79,11 +84,13 @@ SHIFT_GROUPS = {
     "light_curve": [f"light:{x:g}" for x in (0.4, 0.6, 0.8, 1.25, 1.5, 2.0)],
     "camera_curve": [f"camera_move:top:{x:g}" for x in (0.5, 1, 2, 3)],
 }
-SHIFT_FORMS = ("light:X", "camera_move:CAMERA:CM", "camera_tilt:CAMERA:DEG", "table:COLOUR", "distractor")
+SHIFT_FORMS = ("light:X", "camera_move:CAMERA:CM", "camera_tilt:CAMERA:DEG", "table:COLOUR",
+               "distractor[:aside][:COLOUR]")
 
 
 def known_shifts() -> str:
-    return ", ".join(SHIFT_GROUPS) + "; or one of " + ", ".join(SHIFT_FORMS) + f" (COLOUR: {', '.join(TABLE_COLOURS)})"
+    return (", ".join(SHIFT_GROUPS) + "; or one of " + ", ".join(SHIFT_FORMS)
+            + f" (table COLOUR: {', '.join(TABLE_COLOURS)}; distractor COLOUR: {', '.join(DISTRACTOR_COLOURS)})")
 
 
 def parse_shifts(names: Sequence[str], cameras: Sequence[str]) -> list[Room]:
@@ -129,8 +136,14 @@ def _parse_one(cond: str, cameras: Sequence[str]) -> Room:
         if colour not in TABLE_COLOURS:
             raise ConfigError(f"shift {cond!r}: unknown table colour {colour!r}; choose one of {', '.join(TABLE_COLOURS)}")
         return Room(name=f"table:{colour}", table_rgb=TABLE_COLOURS[colour])
-    if kind == "distractor" and not args:
-        return Room(name=cond, distractor=True)
+    if kind == "distractor" and len(args) <= 2:
+        places = [a for a in args if a in DISTRACTOR_PLACES]
+        colours = [a for a in args if a in DISTRACTOR_COLOURS]
+        if len(places) > 1 or len(colours) > 1 or len(places) + len(colours) != len(args):
+            raise ConfigError(f"shift {cond!r}: write distractor[:aside][:COLOUR], COLOUR one of "
+                              f"{', '.join(DISTRACTOR_COLOURS)}")
+        return Room(name=cond, distractor=True, distractor_colour=colours[0] if colours else "teal",
+                    distractor_place=places[0] if places else "anywhere")
     raise ConfigError(f"unknown shift {cond!r}; known: {known_shifts()}")
 
 
@@ -207,6 +220,7 @@ class RoomControl:
         self.free_bodies = sorted(free_bodies)
         body = mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_BODY, DISTRACTOR)
         self.distractor_mocap = int(m.body_mocapid[body]) if body >= 0 else -1
+        self.distractor_geom = mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_GEOM, DISTRACTOR)
 
     def apply(self, room: Room, data=None, rng: np.random.Generator | None = None) -> None:
         """Set the model to `room`, from the nominal values. With `data` and `rng`, the distractor
@@ -244,15 +258,20 @@ class RoomControl:
                 m.geom_rgba[g, :3] = _turn_hue(rgba[g, :3], room.object_hue_deg)
         if room.distractor and self.distractor_mocap < 0:
             raise ConfigError(f"room {room.name!r} has a distractor, but the scene was built without its body")
+        if room.distractor:
+            m.geom_rgba[self.distractor_geom, :3] = DISTRACTOR_COLOURS[room.distractor_colour]
         if data is not None and self.distractor_mocap >= 0:
-            data.mocap_pos[self.distractor_mocap] = (self._distractor_place(data, rng) if room.distractor
-                                                     else (0.0, 0.0, -2.0))
+            data.mocap_pos[self.distractor_mocap] = (self._distractor_place(data, rng, room.distractor_place)
+                                                     if room.distractor else (0.0, 0.0, -2.0))
 
-    def _distractor_place(self, data, rng: np.random.Generator | None) -> np.ndarray:
+    def _distractor_place(self, data, rng: np.random.Generator | None, place: str = "anywhere") -> np.ndarray:
         rng = rng if rng is not None else np.random.default_rng(0)
         objects = np.array([data.xpos[b, :2] for b in self.free_bodies]).reshape(-1, 2)
         for _ in range(200):
-            xy = np.array([rng.uniform(-0.3, 0.3), rng.uniform(-0.25, 0.25)])
+            # aside: 18-25 cm off the table's middle row, where the tasks' objects start (|y| <= 10 cm) and meet
+            x = rng.uniform(-0.3, 0.3)
+            y = rng.uniform(-0.25, 0.25) if place == "anywhere" else rng.choice([-1, 1]) * rng.uniform(0.18, 0.25)
+            xy = np.array([x, y])
             if not len(objects) or np.min(np.linalg.norm(objects - xy, axis=1)) >= 0.10:
                 break
         return np.array([xy[0], xy[1], DISTRACTOR_SIZE[1]])
