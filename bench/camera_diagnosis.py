@@ -772,12 +772,14 @@ def run_shifts(args) -> None:
     rooms = [None, *parse_shifts(args.shifts, cams)]
     frames: dict[str, dict[str, list]] = {}
     qpos: list[np.ndarray] = []
+    grippers: list[int] = []
     for room in rooms:
         name = "nominal" if room is None else room.name
         frames[name] = {k: [] for k in keys}
         for i in range(min(args.episodes, store.n_episodes)):
             ep = load_episode(store, i)
             env = BimanualEnv(ep.task, "state+pixels", cams, size, room=room)
+            grippers = sorted(env.robot.spec.grippers)
             start_replay(env, ep)
             if room is not None and room.distractor:
                 env.robot.set_room(room, np.random.default_rng(i))
@@ -802,9 +804,10 @@ def run_shifts(args) -> None:
         return predict(window)[:, :16]
 
     base = chunks(nominal)
-    rows = []
+    rows, looks = [], []
     for name in list(frames)[1:]:
         shifted = {k: np.stack(v) for k, v in frames[name].items()}
+        looks.append((name, *(frame_look(shifted[k], nominal[k]) for k in keys)))
         cells = []
         for k in keys:
             f0, f1 = policy_features(policy, k, nominal[k]), policy_features(policy, k, shifted[k])
@@ -812,7 +815,8 @@ def run_shifts(args) -> None:
             clipped = (shifted[k] == 255).any(-1).mean()  # pixels white in a channel: detail the light erased
             cells.append(f"{shifted[k].mean() - nominal[k].mean():+.0f} px ({clipped:.0%} clipped), "
                          f"{np.linalg.norm(f1 - f0, axis=1).mean() / spread:.2f}")
-        moved = [np.abs(chunks(shifted) - base).mean()]
+        change = np.abs(chunks(shifted) - base)
+        moved = [change.mean(), change[..., grippers].mean()]  # the grippers alone: when a hand opens or closes
         moved += [np.abs(chunks({**nominal, k: shifted[k]}) - base).mean() for k in keys]
         rows.append((name, *cells, *(f"{m:.3f}" for m in moved)))
     torch.manual_seed(1)
@@ -823,8 +827,24 @@ def run_shifts(args) -> None:
          f"{args.dataset}; {args.checkpoint}; mean pixel "
          f"change (pixels clipped at white; nominal: {clipped0}), feature shift / "
          f"spread; starting noise alone moves the actions {noise_only:.3f}; {cpu_kind()})",
-         ["shift", *[f"{c}: pixel, features" for c in cams], "actions, all cameras shifted",
+         ["shift", *[f"{c}: pixel, features" for c in cams], "actions, all cameras shifted", "grippers' actions, all shifted",
           *[f"actions, only {c} shifted" for c in cams]], rows)
+    show("how each shift changes the frames, as ratios to the nominal room's: mean grey, its spread within a frame "
+         "(contrast), saturation", ["shift", *cams], looks)
+
+
+def frame_look(shifted: np.ndarray, nominal: np.ndarray) -> str:
+    """The shifted frames' mean grey, its spread within a frame and their saturation, each as a
+    ratio to the nominal frames': what a brightness, contrast or saturation factor would match."""
+    def stats(frames: np.ndarray) -> np.ndarray:
+        x = frames.astype(np.float64) / 255
+        grey = x @ np.array([0.299, 0.587, 0.114])
+        top, bottom = x.max(-1), x.min(-1)
+        sat = (top - bottom) / np.maximum(top, 1e-6)
+        return np.array([grey.mean(), grey.std(axis=(1, 2)).mean(), sat.mean()])
+
+    r = stats(shifted) / np.maximum(stats(nominal), 1e-9)
+    return f"{r[0]:.2f}x, {r[1]:.2f}x, {r[2]:.2f}x"
 
 
 def main() -> None:
