@@ -56,7 +56,7 @@ class Room:
     def describe(self) -> str:
         parts = []
         if self.light != 1.0:
-            parts.append(f"light {self.light:.2g}x")
+            parts.append(f"light {self.light:.3g}x")
         if self.light_turn_deg:
             parts.append(f"light turned {self.light_turn_deg:+.0f} deg")
         for c in self.cameras:
@@ -268,7 +268,7 @@ class RoomControl:
         rng = rng if rng is not None else np.random.default_rng(0)
         objects = np.array([data.xpos[b, :2] for b in self.free_bodies]).reshape(-1, 2)
         for _ in range(200):
-            # aside: 18-25 cm off the table's middle row, where the tasks' objects start (|y| <= 10 cm) and meet
+            # aside: 18-25 cm off the table's middle row, where the tasks' objects start (|y| <= 12 cm) and meet
             x = rng.uniform(-0.3, 0.3)
             y = rng.uniform(-0.25, 0.25) if place == "anywhere" else rng.choice([-1, 1]) * rng.uniform(0.18, 0.25)
             xy = np.array([x, y])
