@@ -836,9 +836,11 @@ def run_shifts(args) -> None:
 def frame_look(shifted: np.ndarray, nominal: np.ndarray) -> str:
     """The shifted frames' mean grey, its spread within a frame and their saturation, each as a
     ratio to the nominal frames': what a brightness, contrast or saturation factor would match."""
+    from robo_rl.policies.nets.encoders import LUMA
+
     def stats(frames: np.ndarray) -> np.ndarray:
         x = frames.astype(np.float64) / 255
-        grey = x @ np.array([0.299, 0.587, 0.114])
+        grey = x @ np.array(LUMA)
         top, bottom = x.max(-1), x.min(-1)
         sat = (top - bottom) / np.maximum(top, 1e-6)
         return np.array([grey.mean(), grey.std(axis=(1, 2)).mean(), sat.mean()])
