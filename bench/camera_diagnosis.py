@@ -33,6 +33,11 @@
   moves the actions, with every camera shifted and with one at a time. `--dataset` may also be the
   policy's own rollouts (`robo-rl eval ... record=PATH`): the states it reaches itself; `--stages
   1 2` keeps only the states in those task stages (TransferCube's hand-over).
+- `parting` (any task; a camera policy): the same seeds rolled out in the nominal room and in a
+  shifted one (`robo-rl eval ... shifts=[...] record=DIR`: DIR/nominal and DIR/<shift>). The
+  physics and the starting noise are the same, so the two runs move alike until the frames move
+  the actions: where their joint paths part, in which task stage, and where each run ends, pairs
+  grouped by which of the two succeeded.
 - `latch` (PackCube, either variant; any policy): after the cube is in the box, where the right
   hand goes relative to the latch button and how deep the button goes, rollouts that latched
   (the reference, in the same store) against those that ran out of time with the cube in the box,
@@ -48,6 +53,7 @@
     python bench/camera_diagnosis.py grip --rollouts ROLLOUTS [--grips 8 9 10 12]
     python bench/camera_diagnosis.py handover --dataset data/demos/transfer_cube_cams --rollouts ROLLOUTS
     python bench/camera_diagnosis.py shifts --dataset data/demos/tc_cams --checkpoint RUN/checkpoints/last.pt
+    python bench/camera_diagnosis.py parting --rollouts DIR/nominal --shifted DIR/light_1.5
     python bench/camera_diagnosis.py latch --rollouts ROLLOUTS [--eval OUT/eval.json]  # robo-rl eval ... record=ROLLOUTS out=OUT
 """
 
@@ -830,7 +836,52 @@ def run_shifts(args) -> None:
          ["shift", *[f"{c}: pixel, features" for c in cams], "actions, all cameras shifted", "grippers' actions, all shifted",
           *[f"actions, only {c} shifted" for c in cams]], rows)
     show("how each shift changes the frames, as ratios to the nominal room's: mean grey, its spread within a frame "
-         "(contrast), saturation", ["shift", *cams], looks)
+         "(contrast), saturation; then each pixel's own ratio, median [10th, 90th percentile] (pixels neither dark "
+         "nor clipped)", ["shift", *cams], looks)
+
+
+def run_parting(args) -> None:
+    """Where a shifted room's rollouts leave the nominal room's, seed by seed (see the module's
+    docstring). A pair has parted once any arm joint differs by more than `--part-rad`."""
+    from robo_rl.sim.critic_data import STAGE_KEY
+    from robo_rl.sim.tasks import make_task
+
+    stores = {name: EpisodeStore.open(path, mode="r") for name, path in (("nominal", args.rollouts), ("shifted", args.shifted))}
+    by_seed = {name: {st.meta(e).extra["seed"]: e for e in range(st.n_episodes)} for name, st in stores.items()}
+    seeds = sorted(set(by_seed["nominal"]) & set(by_seed["shifted"]))
+    if not seeds:
+        raise SystemExit(f"parting: {args.rollouts} and {args.shifted} share no seed")
+    task = stores["nominal"].meta(0).task
+    stage_names = make_task(task).stage_names
+    groups: dict[str, list] = {}
+    for seed in seeds:
+        eps = {n: stores[n].episode(by_seed[n][seed], ["obs/qpos", STAGE_KEY]) for n in stores}
+        ok = {n: bool(stores[n].meta(by_seed[n][seed]).success) for n in stores}
+        n = min(len(eps["nominal"]["obs/qpos"]), len(eps["shifted"]["obs/qpos"]))
+        gap = np.abs(eps["nominal"]["obs/qpos"][:n] - eps["shifted"]["obs/qpos"][:n]).max(1)
+        parted = np.flatnonzero(gap > args.part_rad)
+        t = int(parted[0]) if len(parted) else None
+        group = {(True, True): "both succeed", (True, False): "nominal only", (False, True): "shifted only",
+                 (False, False): "neither"}[(ok["nominal"], ok["shifted"])]
+        groups.setdefault(group, []).append((t, None if t is None else int(eps["nominal"][STAGE_KEY][t]),
+                                             int(eps["nominal"][STAGE_KEY].max()), int(eps["shifted"][STAGE_KEY].max())))
+    rows = []
+    for group in ("both succeed", "nominal only", "shifted only", "neither"):
+        pairs = groups.get(group, [])
+        if not pairs:
+            continue
+        steps = [p[0] for p in pairs if p[0] is not None]
+
+        def count(values) -> str:
+            return ", ".join(f"{stage_names[v]} {sum(1 for x in values if x == v)}" for v in sorted(set(values)))
+
+        rows.append((group, len(pairs), f"{len(pairs) - len(steps)}", f"{np.median(steps):.0f}" if steps else "-",
+                     count([p[1] for p in pairs if p[1] is not None]) or "-", count([p[2] for p in pairs]),
+                     count([p[3] for p in pairs])))
+    show(f"{task}: where the shifted room's rollouts part from the nominal room's ({len(seeds)} seeds; parted: a joint "
+         f"more than {args.part_rad} rad apart; {args.rollouts} vs {args.shifted})",
+         ["pairs", "n", "never part", "median step they part", "nominal's stage there", "nominal ends in (furthest stage)",
+          "shifted ends in"], rows)
 
 
 def frame_look(shifted: np.ndarray, nominal: np.ndarray) -> str:
@@ -846,17 +897,23 @@ def frame_look(shifted: np.ndarray, nominal: np.ndarray) -> str:
         return np.array([grey.mean(), grey.std(axis=(1, 2)).mean(), sat.mean()])
 
     r = stats(shifted) / np.maximum(stats(nominal), 1e-9)
-    return f"{r[0]:.2f}x, {r[1]:.2f}x, {r[2]:.2f}x"
+    # pixel by pixel (neither dark nor clipped): one gain for the whole frame gives a narrow band; a
+    # light that brightens the shadows more than the lit parts, a wide one
+    kept = (nominal > 20) & (shifted < 250)
+    gain = np.percentile(shifted[kept].astype(np.float64) / nominal[kept], [10, 50, 90]) if kept.any() else [np.nan] * 3
+    return f"{r[0]:.2f}x, {r[1]:.2f}x, {r[2]:.2f}x; pixels {gain[1]:.2f}x [{gain[0]:.2f}, {gain[2]:.2f}]"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("part", choices=["probe", "align", "reach", "stuck", "aim", "grip", "handover", "latch", "openloop", "position",
-                                     "grasp", "shifts"])
+                                     "grasp", "shifts", "parting"])
     ap.add_argument("--rollouts")
     ap.add_argument("--dataset")
     ap.add_argument("--checkpoint")
     ap.add_argument("--eval")
+    ap.add_argument("--shifted", help="parting: the shifted room's rollouts (the same seeds as --rollouts)")
+    ap.add_argument("--part-rad", type=float, default=0.05, help="parting: joint gap (rad) at which two runs have parted")
     ap.add_argument("--cameras", nargs="*")
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--batch", type=int, default=128)
@@ -872,7 +929,7 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=10, help="shifts: every n-th step of each episode")
     args = ap.parse_args()
     {"probe": run_probe, "align": run_align_probe, "reach": run_reach_probe, "stuck": run_stuck, "aim": run_aim, "grip": run_grip, "handover": run_handover, "latch": run_latch, "openloop": run_openloop, "position": run_position, "grasp": run_grasp,
-     "shifts": run_shifts}[args.part](args)
+     "shifts": run_shifts, "parting": run_parting}[args.part](args)
 
 
 if __name__ == "__main__":

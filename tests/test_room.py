@@ -53,6 +53,13 @@ def test_dim_and_bright_light_move_the_mean_pixel_down_and_up(nominal):
     assert bright.mean() > nominal.mean() + 1
 
 
+def test_exposure_scales_the_rendered_pixels_and_clips_them_at_white(nominal):
+    bright, dark = first_frame(room("exposure:1.5")), first_frame(room("exposure:0.5"))
+    np.testing.assert_array_equal(bright, np.clip(np.floor(nominal * 1.5 + 0.5), 0, 255))
+    np.testing.assert_array_equal(dark, np.floor(nominal * 0.5 + 0.5))
+    assert (bright == 255).mean() > (nominal == 255).mean()
+
+
 def test_a_camera_moved_sideways_sees_the_scene_shifted_and_a_tilted_one_sees_it_move_up_or_down(nominal):
     moved = first_frame(room("camera_move:top:3"))
     assert best_shift(nominal, moved, axis=1) < 0  # the camera went right (its image's x): the scene goes left
@@ -154,10 +161,12 @@ def test_unknown_and_unshowable_shifts_are_refused_in_one_line(checkpoints, caps
     assert code == 2 and "without cameras" in err
 
 
-def test_eval_shifts_reports_every_condition_on_the_nominal_rows_seeds(checkpoints, tmp_path):
-    out = tmp_path / "report"
+def test_eval_shifts_reports_every_condition_on_the_nominal_rows_seeds_and_records_each_room(checkpoints, tmp_path):
+    from robo_rl.data.store import EpisodeStore
+
+    out, rollouts = tmp_path / "report", tmp_path / "rollouts"
     r = robo_rl_cli("eval", f"checkpoint={checkpoints['camera']}", "episodes=2", "n_envs=2", "videos=0", "max_steps=30",
-                    "shifts=[light:0.6,distractor]", f"out={out}")
+                    "shifts=[light:0.6,distractor]", f"out={out}", f"record={rollouts}")
     assert r.returncode == 0, r.stderr
     rows = json.loads((out / "shifts.json").read_text())
     assert [row["shift"] for row in rows] == ["nominal", "light:0.6", "distractor"]
@@ -165,6 +174,13 @@ def test_eval_shifts_reports_every_condition_on_the_nominal_rows_seeds(checkpoin
     assert seeds[0] == seeds[1] == seeds[2] == [100000, 100001]
     assert (out / "shifts.png").stat().st_size > 5000
     assert "light 0.6x" in r.stdout and "points vs nominal" in r.stdout
+    # record=: one store per room, the same seeds, each episode naming its room, the frames as the room shows them
+    stores = {name: EpisodeStore.open(rollouts / name, mode="r") for name in ("nominal", "light_0.6", "distractor")}
+    for name, store in stores.items():
+        assert [store.meta(i).extra["seed"] for i in range(store.n_episodes)] == [100000, 100001], name
+    assert stores["light_0.6"].meta(0).extra["room"] == "light 0.6x"
+    first = {name: store.episode(0)["obs/images/top"][0].astype(float).mean() for name, store in stores.items()}
+    assert first["light_0.6"] < 0.85 * first["nominal"], first
 
 
 def test_collect_records_each_demo_in_a_room_of_its_own_and_refuses_a_room_without_cameras(tmp_path, capsys, checkpoints):

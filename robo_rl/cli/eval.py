@@ -77,15 +77,16 @@ def run_shifts(cfg: DictConfig, policy, task: str, chunking: dict, out: Path, pr
     cameras = [k[len(IMAGE_PREFIX):] for k in policy.shapes.images]
     if not cameras:
         raise ConfigError(f"eval: shifts= change what cameras see, and {path} holds a policy without cameras")
-    if cfg.record:
-        raise ConfigError("eval: record= and shifts= together are not supported; record the nominal room without shifts=")
     rooms = parse_shifts(names, cameras)
 
     def evaluate(room, name):
         print(f"-- {name}: {room.describe() if room else 'the nominal room'}")
+        folder = name.replace(":", "_")
+        # record=DIR with shifts: each room's rollouts in a store of their own, DIR/<shift>, same seeds
+        record = str(Path(cfg.record) / folder) if cfg.record else None
         return run_eval(policy, task, chunking, int(cfg.episodes), int(cfg.n_envs), int(cfg.seed), int(cfg.videos),
-                        out / "shifts" / name.replace(":", "_"), cfg.inference_steps, cfg.max_steps, predict=predict,
-                        disturb=bool(cfg.disturb), room=room)
+                        out / "shifts" / folder, cfg.inference_steps, cfg.max_steps, predict=predict,
+                        record=record, disturb=bool(cfg.disturb), room=room)
 
     rows = report(rooms, evaluate, out)
     print_table(f"eval {task}: {policy.name} policy in shifted rooms, {int(cfg.episodes)} episodes each from seed {int(cfg.seed)}",

@@ -111,8 +111,9 @@ class ChunkConfig:
     conv_channels: tuple[int, ...] = CONV_CHANNELS  # image_encoder=conv: channels per layer
     crop_ratio: float = 0.9     # random crop side / image side while training
     # training-only colour jitter per sample and camera: brightness, contrast and saturation factors
-    # in [1 - x, 1 + x], the hue turned by up to x of the colour circle (zeros: none)
-    color_jitter: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0)  # brightness, contrast, saturation, hue
+    # in [1 - x, 1 + x], the hue turned by up to x of the colour circle, and optionally a fifth value,
+    # gamma: each pixel raised to a power in [1 / (1 + x), 1 + x] (zeros: none)
+    color_jitter: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0)  # brightness, contrast, saturation, hue[, gamma]
     # Training-only remedies for a camera policy that copies its own joints instead of looking
     # (the "copycat" problem): per sample, drop every low-dim key to zero with this probability, or
     # add Gaussian noise of this size (in normalised units, where a key's range is [-1, 1]).
@@ -157,9 +158,10 @@ class ChunkConfig:
             raise ConfigError(f"policy.lowdim_dropout={self.lowdim_dropout} must be in [0, 1) and "
                               f"policy.lowdim_noise={self.lowdim_noise} >= 0")
         jitter = list(self.color_jitter)
-        if len(jitter) != 4 or min(jitter) < 0 or max(jitter[:3]) >= 1 or jitter[3] > 0.5:
-            raise ConfigError(f"policy.color_jitter={jitter}: give 4 values [brightness, contrast, saturation, hue], "
-                              f"the first three in [0, 1), the hue in [0, 0.5] (a share of the colour circle)")
+        if len(jitter) not in (4, 5) or min(jitter) < 0 or max(jitter[:3]) >= 1 or jitter[3] > 0.5:
+            raise ConfigError(f"policy.color_jitter={jitter}: give 4 or 5 values [brightness, contrast, saturation, hue, "
+                              f"gamma], the first three in [0, 1), the hue in [0, 0.5] (a share of the colour circle), "
+                              f"the gamma >= 0")
         if self.backbone not in ("unet", "transformer", "mlp"):
             raise ConfigError(f"policy.backbone={self.backbone!r}; choose transformer, unet or mlp")
         if not 1 <= self.n_action_steps <= self.horizon:

@@ -155,6 +155,8 @@ def record_rollouts(predict: PredictFn, task: str, obs_keys: Sequence[str], n_ob
     episode to the store at `out` (created if missing; an existing one must hold the same keys)."""
     cameras = [k[len(IMAGE_PREFIX):] for k in obs_keys if k.startswith(IMAGE_PREFIX)]
     size = tuple(image_size) if image_size else (240, 320)
+    if room is not None:  # each episode says which room it was rolled out in
+        meta_extra = {**(meta_extra or {}), "room": room.describe()}
     recorder = RolloutRecorder(out, task, cameras, size, meta_extra)
     try:
         return evaluate_policy(predict, task, obs_keys, n_obs, horizon, chunking, episodes=episodes, n_envs=n_envs,

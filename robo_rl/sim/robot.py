@@ -167,6 +167,9 @@ class SimRobot:
             self._renderer.update_scene(self.data, cam)
             frame = self._renderer.render()
             out[cam] = frame if self.render_scale == 1 else resize_rgb(frame, self.image_size)
+        if self.room.exposure != 1.0:  # the camera's gain, after the scene's light: the pixel times it, clipped at white
+            for cam, frame in out.items():
+                out[cam] = np.clip(frame.astype(np.float32) * self.room.exposure + 0.5, 0, 255).astype(np.uint8)
         return out
 
     def _fit_scale(self, scale: int) -> int:

@@ -45,6 +45,7 @@ class CameraPose:
 class Room:
     name: str = "nominal"
     light: float = 1.0                          # every light and the headlight, times this (the renderer clips at white)
+    exposure: float = 1.0                       # every rendered frame's pixels, times this, clipped: a camera's own gain
     light_turn_deg: float = 0.0                 # the scene lights' directions turned about the vertical
     cameras: tuple[CameraPose, ...] = ()
     table_rgb: tuple[float, float, float] | None = None  # a plain colour instead of the table's texture
@@ -57,6 +58,8 @@ class Room:
         parts = []
         if self.light != 1.0:
             parts.append(f"light {self.light:.3g}x")
+        if self.exposure != 1.0:
+            parts.append(f"exposure {self.exposure:.3g}x")
         if self.light_turn_deg:
             parts.append(f"light turned {self.light_turn_deg:+.0f} deg")
         for c in self.cameras:
@@ -84,7 +87,7 @@ SHIFT_GROUPS = {
     "light_curve": [f"light:{x:g}" for x in (0.4, 0.6, 0.8, 1.25, 1.5, 2.0)],
     "camera_curve": [f"camera_move:top:{x:g}" for x in (0.5, 1, 2, 3)],
 }
-SHIFT_FORMS = ("light:X", "camera_move:CAMERA:CM", "camera_tilt:CAMERA:DEG", "table:COLOUR",
+SHIFT_FORMS = ("light:X", "exposure:X", "camera_move:CAMERA:CM", "camera_tilt:CAMERA:DEG", "table:COLOUR",
                "distractor[:aside][:COLOUR]")
 
 
@@ -123,6 +126,11 @@ def _parse_one(cond: str, cameras: Sequence[str]) -> Room:
         if x <= 0:
             raise ConfigError(f"shift {cond!r}: the light's factor must be > 0")
         return Room(name=cond, light=x)
+    if kind == "exposure" and len(args) == 1:
+        x = number(args[0], "the exposure's factor")
+        if x <= 0:
+            raise ConfigError(f"shift {cond!r}: the exposure's factor must be > 0")
+        return Room(name=cond, exposure=x)
     if kind in ("camera_move", "camera_tilt") and len(args) in (1, 2):
         camera = args[0] if len(args) == 2 else "top"
         if camera not in cameras:

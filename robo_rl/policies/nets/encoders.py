@@ -138,14 +138,16 @@ LUMA = (0.299, 0.587, 0.114)  # ITU-R BT.601: the grey a colour is seen as
 
 
 def color_jitter(images: torch.Tensor, brightness: float, contrast: float, saturation: float, hue: float,
-                 per: int = 1) -> torch.Tensor:
+                 gamma: float = 0.0, per: int = 1) -> torch.Tensor:
     """Photometric augmentation of N C H W images in [0, 1], one draw per group of `per`
     consecutive images (a sample's frames share the room's light). Brightness, contrast and
     saturation factors are drawn uniformly in [1 - x, 1 + x]; the hue turns by up to `hue` of the
     colour circle about the grey axis; contrast blends each image with its mean grey. All four are
     affine in the pixel, so each image gets one 3x3 matrix and one offset, applied in one pass
     (a batched matrix product over the pixels cost 4x more), then clipped to [0, 1] as a camera's
-    pixels are."""
+    pixels are. `gamma` (0: none) then raises each pixel to a power drawn log-uniformly in
+    [1 / (1 + gamma), 1 + gamma]: a tone curve, which brightens the shadows more than the lit parts,
+    as a stronger light does in a renderer (or a sensor) whose lit surfaces are already near white."""
     n, dev = images.shape[0] // per, images.device
     eye = torch.eye(3, device=dev)
 
@@ -168,13 +170,16 @@ def color_jitter(images: torch.Tensor, brightness: float, contrast: float, satur
     mean_grey = (matrix @ images.mean((2, 3))[:, :, None]).squeeze(-1) @ luma  # N
     offset = ((1 - keep.view(-1)) * mean_grey)[:, None, None, None]
     out = torch.einsum("nij,njhw->nihw", keep * matrix, images).add_(offset).clamp_(0, 1)
+    if gamma:
+        power = torch.exp((torch.rand(n, device=dev) * 2 - 1) * math.log1p(gamma)).repeat_interleave(per, 0)
+        out = out.pow_(power[:, None, None, None])
     return out.contiguous(memory_format=torch.channels_last)
 
 
 class CameraEncoder(nn.Module):
     """uint8 HWC frames -> features. Random crop while training, centre crop when evaluating,
     so train and test see the same scale; while training, also the colour jitter `jitter`
-    (brightness, contrast, saturation, hue; zeros: none). Frames are cropped as uint8 and reach the
+    (brightness, contrast, saturation, hue and optionally gamma; zeros: none). Frames are cropped as uint8 and reach the
     convolutions channels-last (the layout oneDNN's CPU kernels run fastest in), as they are stored."""
 
     def __init__(self, image_size: tuple[int, int], out_dim: int, width: int, crop_ratio: float, kind: str = "resnet18",
