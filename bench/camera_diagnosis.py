@@ -865,16 +865,15 @@ def run_parting(args) -> None:
                  (False, False): "neither"}[(ok["nominal"], ok["shifted"])]
         groups.setdefault(group, []).append((t, None if t is None else int(eps["nominal"][STAGE_KEY][t]),
                                              int(eps["nominal"][STAGE_KEY].max()), int(eps["shifted"][STAGE_KEY].max())))
+    def count(values) -> str:  # "reach 2, held_by_left 9": episodes per stage
+        return ", ".join(f"{stage_names[v]} {values.count(v)}" for v in sorted(set(values)))
+
     rows = []
     for group in ("both succeed", "nominal only", "shifted only", "neither"):
         pairs = groups.get(group, [])
         if not pairs:
             continue
         steps = [p[0] for p in pairs if p[0] is not None]
-
-        def count(values) -> str:
-            return ", ".join(f"{stage_names[v]} {sum(1 for x in values if x == v)}" for v in sorted(set(values)))
-
         rows.append((group, len(pairs), f"{len(pairs) - len(steps)}", f"{np.median(steps):.0f}" if steps else "-",
                      count([p[1] for p in pairs if p[1] is not None]) or "-", count([p[2] for p in pairs]),
                      count([p[3] for p in pairs])))

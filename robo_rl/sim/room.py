@@ -121,16 +121,11 @@ def _parse_one(cond: str, cameras: Sequence[str]) -> Room:
             raise ConfigError(f"shift {cond!r}: {what} must be finite")
         return value
 
-    if kind == "light" and len(args) == 1:
-        x = number(args[0], "the light's factor")
+    if kind in ("light", "exposure") and len(args) == 1:  # Room's fields of the same names
+        x = number(args[0], f"the {kind}'s factor")
         if x <= 0:
-            raise ConfigError(f"shift {cond!r}: the light's factor must be > 0")
-        return Room(name=cond, light=x)
-    if kind == "exposure" and len(args) == 1:
-        x = number(args[0], "the exposure's factor")
-        if x <= 0:
-            raise ConfigError(f"shift {cond!r}: the exposure's factor must be > 0")
-        return Room(name=cond, exposure=x)
+            raise ConfigError(f"shift {cond!r}: the {kind}'s factor must be > 0")
+        return Room(name=cond, **{kind: x})
     if kind in ("camera_move", "camera_tilt") and len(args) in (1, 2):
         camera = args[0] if len(args) == 2 else "top"
         if camera not in cameras:

@@ -146,8 +146,7 @@ def color_jitter(images: torch.Tensor, brightness: float, contrast: float, satur
     affine in the pixel, so each image gets one 3x3 matrix and one offset, applied in one pass
     (a batched matrix product over the pixels cost 4x more), then clipped to [0, 1] as a camera's
     pixels are. `gamma` (0: none) then raises each pixel to a power drawn log-uniformly in
-    [1 / (1 + gamma), 1 + gamma]: a tone curve, which brightens the shadows more than the lit parts,
-    as a stronger light does in a renderer (or a sensor) whose lit surfaces are already near white."""
+    [1 / (1 + gamma), 1 + gamma]: a tone curve, which moves the dark pixels more than the light ones."""
     n, dev = images.shape[0] // per, images.device
     eye = torch.eye(3, device=dev)
 
