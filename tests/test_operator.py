@@ -8,15 +8,15 @@ from robo_rl.data.schema import Segment
 from robo_rl.rac import InterventionConfig, InterventionController
 from robo_rl.sim.envs import BimanualEnv
 from robo_rl.sim.expert import ExpertNoise
-from robo_rl.sim.operator import OperatorConfig, SimOperator, expert_stage_seconds
+from robo_rl.sim.operator import OperatorConfig, SimOperator, expert_finishes, expert_stage_seconds
 
 ARM_JOINTS = [i for i in range(14) if i not in (6, 13)]
 
 
-def run(task, sabotage, seed=0, config=None, steps=None, mode="rac"):
+def run(task, sabotage, seed=0, config=None, steps=None, mode="rac", noise=None):
     env = BimanualEnv(task, max_steps=steps)
     env.reset(seed=seed)
-    policy = env.expert(ExpertNoise.none())
+    policy = env.expert(noise or ExpertNoise.none())
     ctl = InterventionController(SimOperator(env, config, rng=np.random.default_rng(seed)), InterventionConfig(mode=mode))
     labels, actions, info = [], [], {}
     for k in range(steps or env.max_steps):
@@ -124,6 +124,37 @@ def test_a_grasp_closing_on_nothing_is_taken_over():
     env, ctl, labels, _, info = run("transfer_cube", grab_air, config=OperatorConfig(grasp_s=0.5))
     assert "misaligned grasp" in ctl.interventions[0].reason
     assert ctl.done and info["stage"] >= 1
+
+
+def gripping(along):
+    """A policy that grips Insertion's peg `along` metres from where the demos grip it (toward the
+    tip when negative: 2 cm is 8 cm from the tip, from where the expert itself never inserts)."""
+    return {**ExpertNoise.none().__dict__, "grasp_along": (along, along)}
+
+
+def no_change(env, a, k):
+    return a
+
+
+def test_a_peg_lifted_by_its_tip_is_a_dead_end_let_go_and_gripped_again():
+    env, ctl, labels, actions, info = run("insertion", no_change, steps=900, noise=ExpertNoise(**gripping(-0.02)))
+    rec = ctl.interventions[0]
+    assert rec.reason.startswith("dead end") and "both_lifted" in rec.reason, rec.reason
+    # recovery: the right hand opens (lets the peg go) before the correction grips again
+    recovery = actions[np.array(labels) == Segment.RECOVERY]
+    assert recovery[:, 13].max() > 0.9 and recovery[:, 6].max() > 0.9
+    assert rec.ended == "sub-task done" and ctl.done and info["stage"] >= 1
+    # the correction's grip is one the expert can finish from, which the policy's was not
+    assert expert_finishes(env.unwrapped, 400)
+    # HG-DAgger's operator sees the same dead end; it corrects at once, without the recovery
+    _, ctl, _, _, _ = run("insertion", no_change, steps=900, noise=ExpertNoise(**gripping(-0.02)), mode="hg_dagger",
+                         config=OperatorConfig(recover=False))
+    assert ctl.interventions[0].reason.startswith("dead end") and ctl.interventions[0].recovery_steps <= 1
+
+
+def test_a_peg_gripped_where_the_demos_grip_it_is_left_to_the_policy():
+    env, ctl, labels, _, info = run("insertion", no_change, noise=ExpertNoise(**gripping(0.0)))
+    assert not ctl.interventions and info["success"] and set(labels) == {Segment.POLICY}
 
 
 @pytest.mark.slow  # ~19 s (AMD EPYC, AVX2); the dropped-cube test covers recovery then correction by default

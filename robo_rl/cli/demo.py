@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
@@ -85,6 +85,7 @@ def run(cfg: DictConfig) -> int:
     from robo_rl.learn.recipes import camera_recipe
     from robo_rl.policies import FlowConfig, checkpoint_info, load_policy, read_checkpoint
     from robo_rl.policies.common import predictor
+    from robo_rl.rac.experiment import Rounds, Stages, gain_verdict, run_rounds, set_aside, trained
     from robo_rl.rac.mixing import CompositionConfig
     from robo_rl.runtime.chunking import ChunkingConfig
     from robo_rl.sim.evaluate import (EvaluationProcess, evaluate_with_recoveries, merge_shards, one_thread,
@@ -153,9 +154,6 @@ def run(cfg: DictConfig) -> int:
                              bf16=str(recipe.get("learner.bf16", "auto")),
                              compile=str(recipe.get("learner.compile", "false")), **more)
 
-    def policy_at(run_dir: Path) -> Any:  # a finished stage's EMA policy, for the stages after it
-        return load_policy(read_checkpoint(run_dir / "checkpoints" / "last.pt"), device=device)
-
     # 1. teleop demos through the Recorder (or a store recorded before)
     if cfg.demos_from:
         demos = Path(str(cfg.demos_from))
@@ -210,39 +208,37 @@ def run(cfg: DictConfig) -> int:
     how = "retrain" if from_scratch else "fine-tune"
     composition = CompositionConfig(**(OmegaConf.to_container(cfg.composition, resolve=True) or {}))
     operator = OperatorConfig(**(OmegaConf.to_container(cfg.operator_config, resolve=True) or {}))
-    policy_now, total_samples, rounds, round_stores = base, 0, [], []
-    for r in range(1, int(s["rounds"]) + 1):
-        store = out / "interventions" / f"round{r}"
-        round_stores.append(store)
 
-        def collect() -> dict[str, Any]:
-            print(f"3/6 RaC round {r}: {s['episodes_per_round']} rollouts with the simulated operator watching")
-            set_aside(store)  # an interrupted round's partial rollouts are kept beside, not mixed in
-            # noise from the round's seed on one thread: a resumed or side-by-side run draws the same
-            with seeded_noise(200_000 + 100 * r), one_thread():
-                return collect_interventions(predictor(policy_now), cfg.task, obs_keys, base.config.n_obs,
-                                             base.config.horizon, ChunkingConfig(**chunking), store,
-                                             int(s["episodes_per_round"]), seed=200_000 + 100 * r, mode="rac",
-                                             n_envs=int(cfg.n_envs), operator=operator, image_size=image_size).to_dict()
+    def collect(method: str, predict: Any, store: Path, r: int, need: int | None) -> dict[str, Any]:
+        print(f"3/6 RaC round {r}: {s['episodes_per_round']} rollouts with the simulated operator watching")
+        set_aside(store)  # an interrupted round's partial rollouts are kept beside, not mixed in
+        # noise from the round's seed on one thread: a resumed or side-by-side run draws the same
+        with seeded_noise(200_000 + 100 * r), one_thread():
+            return collect_interventions(predict, cfg.task, obs_keys, base.config.n_obs, base.config.horizon,
+                                         ChunkingConfig(**chunking), store, int(s["episodes_per_round"]),
+                                         seed=200_000 + 100 * r, mode="rac", n_envs=int(cfg.n_envs), operator=operator,
+                                         image_size=image_size).to_dict()
 
-        try:
-            st = stages.run(f"3 RaC rollouts, round {r}", collect)
-        except BaseException:
-            if pre_eval is not None:
-                pre_eval.cancel()
-            raise
+    def after_collect(r: int) -> None:
+        nonlocal pre_eval, before
         if pre_eval is not None:  # the pre-trained row, evaluated beside this round; its time is the wait after it
             print("   the pre-trained policy's evaluation, beside the round: waiting for it")
             before = stages.run("2 evaluate pre-trained", lambda: recovery_row(
                 merge_shards(pre_eval.parts()), 5, out / "eval-pretrained"))
             pre_eval = None
-        total_samples += st["operator_samples"]
-        print(f"4/6 {how}, round {r}: demos + {st['steps']['RECOVERY']} recovery and {st['steps']['CORRECTION']} "
-              f"correction steps from {st['interventions']} interventions, {ft.steps} steps")
-        stages.run(f"4 {how}, round {r}", lambda: finetune_stage(
-            ckpt, [(demos, n_demos)], list(round_stores), composition, ft, out / f"rac-round{r}", cfg.resume, from_scratch))
-        policy_now = policy_at(out / f"rac-round{r}")
-        rounds.append({"round": r, "collect": st, "operator_samples": total_samples})
+
+    plan = Rounds("rac", int(s["rounds"]), ckpt, [(demos, n_demos)], lambda r: out / "interventions" / f"round{r}",
+                  lambda r: out / f"rac-round{r}", ft, composition, from_scratch, device)
+    try:
+        policy_now, round_rows = run_rounds(plan, base, predictor(base), collect, stages=stages, resume=bool(cfg.resume),
+                                            after_collect=after_collect, predictor=predictor)
+    except BaseException:
+        if pre_eval is not None:
+            pre_eval.cancel()
+        raise
+    total_samples = round_rows[-1]["operator_samples"]
+    rounds = [{"round": row["round"], "collect": row["collect"], "operator_samples": row["operator_samples"]}
+              for row in round_rows]
 
     # 5. the control: the same training on the demos alone. What it gains over the pre-trained
     # policy is the extra training's; what RaC gains over it is the data's. Retrained from scratch,
@@ -252,9 +248,10 @@ def run(cfg: DictConfig) -> int:
         print("5/6 control: retraining on the demos alone is the pre-training itself (same recipe, steps and seed)")
     else:
         print(f"5/6 control: {how} on the demos alone, no new data, {ft.steps} steps")
-        stages.run("5 fine-tune, control", lambda: finetune_stage(
-            ckpt, [(demos, n_demos)], [], composition, ft, out / "control", cfg.resume, from_scratch))
-        control = policy_at(out / "control")
+        control_plan = Rounds("no_new_data", 1, ckpt, [(demos, n_demos)], lambda r: out / "control",
+                              lambda r: out / "control", ft, composition, from_scratch, device,
+                              stage_names=("", "5 {how}, control"))
+        control, _ = run_rounds(control_plan, base, None, collect, stages=stages, resume=bool(cfg.resume))
 
     # 6. evaluate on the same seeds as the pre-trained policy
     print(f"6/6 evaluate after RaC{'' if from_scratch else ' and the control'} on the same {s['eval_episodes']} episodes")
@@ -285,62 +282,6 @@ def run(cfg: DictConfig) -> int:
     return 0
 
 
-class Stages:
-    """The demo's finished stages and their results in `out/stages.json`, written after each one,
-    so that `resume=true` picks an interrupted run up where it stopped (a killed pre-training or
-    fine-tune goes on from its last checkpoint) instead of starting over."""
-
-    IGNORED = ("resume", "device", "threads", "n_envs", "videos", "processes")  # may differ between the two runs
-
-    def __init__(self, out: Path, cfg: DictConfig, resume: bool):
-        self.path = out / "stages.json"
-        self.done: dict[str, Any] = {}
-        self.timings: dict[str, float] = {}
-        self.resumed: list[str] = []
-        config = OmegaConf.to_container(cfg, resolve=True)
-        wanted = {k: v for k, v in flatten(config).items() if k.split(".")[0] not in self.IGNORED}
-        if self.path.is_file():
-            if not resume:
-                raise ConfigError(f"demo: {out} already holds a run; pass resume=true to continue it or another out=")
-            saved = json.loads(self.path.read_text())
-            differ = sorted(k for k in set(wanted) | set(saved["config"]) if wanted.get(k) != saved["config"].get(k))
-            if differ:
-                raise ConfigError(f"demo: resume=true but {out} was run with other settings for {differ}; "
-                                  "resume with the same ones or choose another out=")
-            self.done, self.timings = saved["results"], saved["timings"]
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-        self.config = wanted
-        self._write()
-
-    def run(self, name: str, fn: Callable[[], Any]) -> Any:
-        if name in self.done:
-            print(f"   {name}: done in an earlier run, reused")
-            self.resumed.append(name)
-            return self.done[name]
-        t = time.perf_counter()
-        self.done[name] = json.loads(json.dumps(fn()))  # what a resumed run reads back
-        self.timings[name] = time.perf_counter() - t
-        self._write()
-        return self.done[name]
-
-    def _write(self) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"config": self.config, "results": self.done, "timings": self.timings}, indent=1))
-        tmp.replace(self.path)
-
-
-def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{"small": {"demos": 50}} -> {"small.demos": 50}."""
-    flat: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            flat.update(flatten(v, f"{prefix}{k}."))
-        else:
-            flat[f"{prefix}{k}"] = v
-    return flat
-
-
 def existing_demos(path: Path, task: str, episodes: int) -> dict[str, Any]:
     """`demos_from=`: a store recorded before (by this demo, `robo-rl collect` or a teleop session)."""
     from robo_rl.data.store import EpisodeStore
@@ -351,49 +292,6 @@ def existing_demos(path: Path, task: str, episodes: int) -> dict[str, Any]:
         raise ConfigError(f"demo: demos_from={path} holds {store.n_episodes} episodes of {sorted(tasks)}; "
                           f"the demo needs {episodes} of {task}")
     return {"episodes": episodes, "from": str(path)}
-
-
-def set_aside(store: Path) -> None:
-    """Move an interrupted stage's store to `<store>.interrupted-N`, so that nothing recorded is lost."""
-    if store.exists():
-        n = 1
-        while store.with_name(f"{store.name}.interrupted-{n}").exists():
-            n += 1
-        store.rename(store.with_name(f"{store.name}.interrupted-{n}"))
-
-
-def finetune_stage(ckpt: Any, demos: list, interventions: list, composition: Any, learner: Any, run_dir: Path,
-                   resume: bool, from_scratch: bool) -> dict[str, Any]:
-    from robo_rl.rac.finetune import finetune
-
-    _, result = finetune(ckpt, demos, interventions, composition, learner, run_dir, resume=bool(resume),
-                         from_scratch=from_scratch)
-    return trained(result)
-
-
-def trained(result: dict[str, Any]) -> dict[str, Any]:
-    """A Learner's result as a stage's; a run stopped by SIGTERM (checkpointed) is not a finished stage."""
-    if result["stopped"]:
-        print("   stopped and checkpointed; `resume=true` with the same out= goes on from here")
-        raise KeyboardInterrupt
-    return {"step": result["step"], "loss": result["loss"], "train_time_s": result["train_time_s"]}
-
-
-def gain_verdict(before: dict[str, Any], control: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-    """After RaC against the pre-trained policy and against the control, in points, and whether
-    the 95% Wilson intervals are apart (after's low end above the other's high end)."""
-    def vs(other: dict[str, Any]) -> dict[str, Any]:
-        return {"points": 100 * (after["success_rate"] - other["success_rate"]),
-                "intervals_apart": after["ci95_low"] > other["ci95_high"]}
-
-    v = {"vs_pretrained": vs(before), "vs_control": vs(control),
-         "control_vs_pretrained_points": 100 * (control["success_rate"] - before["success_rate"])}
-    v["line"] = (f"after RaC vs pre-trained: {v['vs_pretrained']['points']:+.0f} points "
-                 f"(intervals {'apart' if v['vs_pretrained']['intervals_apart'] else 'overlap'}); "
-                 f"vs control: {v['vs_control']['points']:+.0f} points "
-                 f"(intervals {'apart' if v['vs_control']['intervals_apart'] else 'overlap'}); "
-                 f"control vs pre-trained: {v['control_vs_pretrained_points']:+.0f} points")
-    return v
 
 
 def print_rows(rows: dict[str, dict[str, Any]], task: str, episodes: int, samples: int, sizes: str) -> None:

@@ -14,12 +14,9 @@ from robo_rl.cli.app import run_app
 from robo_rl.cli.tables import print_table
 from robo_rl.errors import ConfigError
 from robo_rl.hardware.teleop import TELEOP_KINDS
+from robo_rl.rac.experiment import METHODS  # rac, hg_dagger, demos and the control, no_new_data
 from robo_rl.rac.intervention import LABELS as PHASE_LABELS  # a controller phase -> its segment label
 
-# no_new_data is the control: the same fine-tuning on the pre-training demos alone (0 operator
-# samples, one round: every round starts from the checkpoint, so more rounds would repeat it). The
-# other methods' gain over it is what their data bought, not the extra training steps.
-METHODS = ("rac", "hg_dagger", "demos", "no_new_data")
 OPERATORS = ("sim", *TELEOP_KINDS)  # the simulated operator, or a human on a teleop device
 OWN_COMPOSITION = {"rac": "rac", "hg_dagger": "hg_dagger", "demos": "all", "no_new_data": "all"}
 LABELS = {"rac": "RaC", "hg_dagger": "HG-DAgger", "demos": "more expert demos", "no_new_data": "fine-tune, no new data",
@@ -81,13 +78,14 @@ def run(cfg: DictConfig) -> int:
 
 def run_rounds(cfg: DictConfig, ckpt: dict[str, Any], task: str, demos: str, n_demos: int | None, out: Path,
                methods: list[str], human_session: "HumanSession | None") -> int:
-    from robo_rl.policies.common import predictor
     from robo_rl.learn import LearnerConfig
+    from robo_rl.learn.learner import resolve_device
     from robo_rl.policies import load_policy
-    from robo_rl.rac.finetune import finetune
+    from robo_rl.policies.common import predictor
+    from robo_rl.rac.experiment import Rounds, run_rounds
     from robo_rl.rac.mixing import CompositionConfig
     from robo_rl.runtime.chunking import ChunkingConfig
-    from robo_rl.sim.interventions import CollectStats, collect_expert_demos, collect_interventions
+    from robo_rl.sim.interventions import collect_expert_demos, collect_interventions
     from robo_rl.sim.operator import OperatorConfig
     from robo_rl.sim.room import randomizer_option
 
@@ -122,48 +120,44 @@ def run_rounds(cfg: DictConfig, ckpt: dict[str, Any], task: str, demos: str, n_d
     cameras = sorted(k.rsplit("/", 1)[-1] for k in base.shapes.images)  # a camera policy's rollouts record them
     image_size = next(iter(base.shapes.images.values()), None)
     for m_index, method in enumerate(methods):
-        data = out / method / "data"
-        policy, predict, total = base, base_predict, CollectStats()
-        for r in range(1, (1 if method == "no_new_data" else int(cfg.rounds)) + 1):
+
+        def collect(method: str, predict: Any, store: Path, r: int, need: int | None) -> dict[str, Any]:
             seed = 200_000 + 10_000 * int(cfg.seed) + 1_000 * m_index + 100 * r
-            target = budget.get(r) if method != "rac" else None
-            need = None if target is None else max(target - total.operator_samples, 0)
-            if method == "no_new_data":
-                st = CollectStats()
-            elif method == "demos":
+            if method == "demos":
                 if need is None:  # no RaC run to match: as many demo steps as RaC episodes would take
                     need = int(cfg.episodes_per_round) * 200
-                st = collect_expert_demos(task, data, seed=300_000 + seed, max_samples=need, cameras=cameras,
-                                          image_size=image_size, randomize_room=bool(cfg.randomize_room))
-            else:
-                # a baseline runs until it matches RaC's operator samples; a human gets at most 3x the episodes
-                episodes = int(cfg.episodes_per_round) * (1 if target is None else 3 if human else 50)
-                human_opts = human_session.collect_options(method, r) if human_session else {}
-                st = collect_interventions(predict, task, obs_keys, policy.config.n_obs, policy.config.horizon,
-                                           chunk_cfg, data, episodes, seed, mode=method,
-                                           n_envs=1 if human else int(cfg.n_envs), operator=op_cfg,
-                                           max_operator_samples=need, image_size=image_size,
-                                           randomize_room=bool(cfg.randomize_room), **human_opts)
-                if human_session:
-                    human_session.close_view()
-            total.add(st)
-            if method == "rac":
-                budget[r] = total.operator_samples
-            comp = CompositionConfig(**{**comp_opts, "mode": comp_opts.get("mode") or OWN_COMPOSITION[method]})
-            demo_sources = [(demos, n_demos)] + ([(data, None)] if method == "demos" else [])
-            policy, fit = finetune(ckpt, demo_sources, [] if method in ("demos", "no_new_data") else [data], comp, learner_cfg,
-                                   out / method / f"round{r}", extra={"rac": {"method": method, "round": r}},
-                                   from_scratch=bool(cfg.from_scratch))
-            predict = predictor(policy)
-            ev = evaluate(policy, task, chunking, cfg, out / method / f"round{r}" / "eval",
-                          videos=2 if r == int(cfg.rounds) else 0, predict=predict)
-            row = {"method": method, "round": r, "episodes": total.episodes, "operator_samples": total.operator_samples,
-                   "operator_time_s": total.operator_time_s, "interventions": total.interventions,
-                   "collect": st.to_dict(), "finetune_steps": fit["step"], **ev}
+                return collect_expert_demos(task, store, seed=300_000 + seed, max_samples=need, cameras=cameras,
+                                            image_size=image_size, randomize_room=bool(cfg.randomize_room)).to_dict()
+            # a baseline runs until it matches RaC's operator samples; a human gets at most 3x the episodes
+            episodes = int(cfg.episodes_per_round) * (1 if need is None else 3 if human else 50)
+            human_opts = human_session.collect_options(method, r) if human_session else {}
+            st = collect_interventions(predict, task, obs_keys, base.config.n_obs, base.config.horizon, chunk_cfg, store,
+                                       episodes, seed, mode=method, n_envs=1 if human else int(cfg.n_envs),
+                                       operator=op_cfg, max_operator_samples=need, image_size=image_size,
+                                       randomize_room=bool(cfg.randomize_room), **human_opts)
+            if human_session:
+                human_session.close_view()
+            return st.to_dict()
+
+        def evaluate_round(policy: Any, predict: Any, eval_out: Path, r: int) -> dict[str, Any]:
+            return evaluate(policy, task, chunking, cfg, eval_out, videos=2 if r == int(cfg.rounds) else 0, predict=predict)
+
+        def extra(r: int, method: str = method) -> dict[str, Any]:
+            return {"rac": {"method": method, "round": r}}
+
+        plan = Rounds(method, int(cfg.rounds), ckpt, [(demos, n_demos)], lambda r, method=method: out / method / "data",
+                      lambda r, method=method: out / method / f"round{r}", learner_cfg,
+                      CompositionConfig(**{**comp_opts, "mode": comp_opts.get("mode") or OWN_COMPOSITION[method]}),
+                      bool(cfg.from_scratch), resolve_device(learner_cfg.device), extra)
+
+        def record_row(row: dict[str, Any]) -> None:
             results["rows"].append(row)
             save()
-            print(f"{LABELS[method]} round {r}: {total.operator_samples} operator samples, "
-                  f"success {ev['success_rate']:.0%} [{ev['ci95_low']:.0%}, {ev['ci95_high']:.0%}]")
+            print(f"{LABELS[row['method']]} round {row['round']}: {row['operator_samples']} operator samples, "
+                  f"success {row['success_rate']:.0%} [{row['ci95_low']:.0%}, {row['ci95_high']:.0%}]")
+
+        run_rounds(plan, base, base_predict, collect, evaluate_round, budget=budget, predictor=predictor,
+                   on_row=record_row)
     print_results(results)
     write_plots(results, out)
     print(f"results: {out / 'results.json'}; plots: {out}/*.png")

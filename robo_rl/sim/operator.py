@@ -12,6 +12,11 @@ It watches with privileged state and takes over when failure looks imminent:
   that was going fine;
 - grasp misaligned: a gripper the current sub-task needs has been closed for `grasp_s` seconds
   without holding its object.
+- dead end (`lookahead`): the policy has just finished a sub-task, but from the state it left
+  the expert, taking over now and keeping what the hands hold, could not finish the task (a peg
+  lifted by its tip cannot go into the socket). A person sees that at a glance; the twin asks a
+  copy of itself: the expert is played in a scratch copy of the physics until the task is done or
+  its plan runs out (`dead_end_seen`). Once per sub-task the policy finishes.
 - out of time (off by default): the episode nears its end with the task unfinished.
 Then it follows the RaC rules:
 1. RECOVERY: back to a familiar, in-distribution state for the sub-task already attempted: open
@@ -19,6 +24,7 @@ Then it follows the RaC rules:
    first pose the demos' expert goes to for this stage). A hand still on the sub-task's object
    (a lid that tilted on the rim while being lowered) closes on it and lifts it back up instead;
    a hand holding what the lost stage did not need (a cube picked back out of its box) lets go.
+   After a dead end every hand lets go, so the correction grips again where the demos grip.
    Only when the scene has gone wrong (a sub-task came undone, a grasp closed on air). After a
    stall nothing is out of place: the policy holds a pose the demos pass through (most often the
    cube lowered into the box, the gripper never opening), so the state is already familiar and a
@@ -45,9 +51,11 @@ labels, the END rule and the smooth switch of control.
 
 from __future__ import annotations
 
+import copy
 import functools
 from dataclasses import dataclass, field
 
+import mujoco
 import numpy as np
 
 from robo_rl.rac.intervention import (CORRECTION_DONE, PLAN_FINISHED, RECOVERY_DONE, TAKE_OVER, TIMEOUT, UNREACHABLE,
@@ -72,6 +80,8 @@ class OperatorConfig:
     # the human-like expert itself may need all but the last 0.7 s of PackCube's 20 s)
     correction_timeout_s: float = 12.0  # give up a correction that has not finished by then
     max_joint_step: float = 0.6  # rad: give up when the plan would move an arm joint more in one tick
+    lookahead: bool = True  # take over at a dead end: a finished sub-task the expert cannot go on from
+    lookahead_settle_s: float = 0.5  # the look-ahead waits this long after the expert's plan ends
     recover: bool = True  # False (HG-DAgger's operator): correct at once, no recovery manoeuvre
     recover_on_stall: bool = False  # also recover after a "no progress" takeover (see the module docstring)
     expert_noise: ExpertNoise = field(default_factory=ExpertNoise)
@@ -121,6 +131,7 @@ class SimOperator:
         self._phase_start = 0
         self._stage_at_takeover = 0  # the correction is done once the stage is above this
         self._regressed = False
+        self._dead_end = False
         self._recover_now = self.cfg.recover
         self._done_since: int | None = None
         self._seen = Phase.AUTONOMOUS
@@ -128,6 +139,7 @@ class SimOperator:
 
     def _watch_from(self, stage: int) -> None:
         self._max_stage, self._stage_since = stage, self._step
+        self._looked_at = stage  # the best stage the look-ahead has judged (the first is never judged)
         self._lost_steps = 0
         self._closed_empty: dict[str, int] = {}
 
@@ -151,6 +163,7 @@ class SimOperator:
                 # things came undone (a lid dropped on the rim while placing is corrected until it
                 # is seated, not only until it is lifted again); otherwise the current one
                 self._regressed = reason.startswith("stage regressed")
+                self._dead_end = reason.startswith("dead end")
                 self._stage_at_takeover = self._max_stage if self._regressed else self._working_stage(stage)
                 self._recover_now = self.cfg.recover and (self.cfg.recover_on_stall or not reason.startswith("no progress"))
                 return OperatorEvent(TAKE_OVER, reason)
@@ -219,6 +232,10 @@ class SimOperator:
         self._lost_steps = self._lost_steps + 1 if lost else 0
         if cfg.regress and self._lost_steps * dt >= cfg.regress_s:
             return f"stage regressed from {env.task.stage_names[self._max_stage]} to {env.task.stage_names[stage]}"
+        if cfg.lookahead and 0 < stage == self._max_stage > self._looked_at and stage < len(env.task.stage_names) - 1:
+            self._looked_at = stage
+            if not expert_finishes(env, env.max_steps - env._steps, cfg.lookahead_settle_s, policy_action):
+                return f"dead end: the expert cannot finish from {env.task.stage_names[stage]}"
         working = self._working_stage(stage)
         if (self._step - self._stage_since) * dt > self.patience_s[working]:
             return f"no progress in {env.task.stage_names[working]} for {self.patience_s[working]:.1f} s"
@@ -252,6 +269,8 @@ class SimOperator:
         # for the correction to place again, as a person would, instead of letting go and backing
         # away. (On PackCube, rounds with these lid corrections trained to 24-38% against 50%
         # without them; keeping the lid gave 24-32%: not the fix, README "sixth round".)
+        if self._dead_end:  # the grip itself is the failure: let go, grip again where the demos do
+            let_go, holding = holding, set()
         kept = set()
         if self._regressed:
             kept = {arm for arm, geom in env.task.grasp_targets(stage) if touching_any_finger(robot, geom, arm)} - holding - let_go
@@ -296,6 +315,30 @@ class SimOperator:
             Segment("recovery_pregrasp", 1.0, left=moved(pregrasp, "left"), right=moved(pregrasp, "right")),
         ]
         return ScriptedExpert(robot, segs, self.rng, ExpertNoise.none(), start_command=start)
+
+
+def expert_finishes(env, max_steps: int, settle_s: float = 0.5, start_command: np.ndarray | None = None) -> bool:
+    """Would the scripted expert, taking over now from `start_command` (the last command sent) and
+    keeping what the hands hold, finish the task within `max_steps` ticks? Played without noise in a
+    scratch copy of the physics (the twin itself does not move), until the task is done or
+    `settle_s` after the plan's last segment."""
+    robot, task = env.robot, env.task
+    scratch = copy.copy(robot)  # shares the model; its own data, no renderer, no pacing
+    scratch.data = mujoco.MjData(robot.model)
+    mujoco.mj_copyData(scratch.data, robot.model, robot.data)
+    scratch._renderer, scratch.realtime = None, False
+    last = len(task.stage_names) - 1
+    expert = task.expert(scratch, np.random.default_rng(0), ExpertNoise.none(), start_command=start_command)
+    settle = int(round(settle_s * robot.spec.control_hz))
+    for _ in range(max_steps):
+        scratch.act(expert.act())
+        if task.stage(scratch) == last:
+            return True
+        if expert.done:
+            settle -= 1
+            if settle < 0:
+                return False
+    return False
 
 
 @functools.lru_cache(maxsize=None)
