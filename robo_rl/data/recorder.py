@@ -156,6 +156,14 @@ class _Inbox:
             self.messages.append((m["kind"], m["at"], m["payload"]))
 
 
+def _threads(pid: int) -> list[int]:
+    """The thread ids of process `pid` (Linux: /proc/PID/task), or just the pid elsewhere."""
+    try:
+        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return [pid]
+
+
 def _writer_main(store_path: str, ring_path: str, slots: int) -> int:
     """The writer process: drain the ring into the store, commit on 'end' messages."""
     out = sys.stdout
@@ -416,6 +424,12 @@ class Recorder:
         """Drop an unfinished episode, wait for commits, stop the writer."""
         if self._closed:
             return
+        # The recording is over, so the writer no longer yields to a control loop. At SCHED_IDLE
+        # it gets no CPU while other processes keep both cores busy, and the wait for it to exit
+        # ran out (a demo beside two training runs); at the normal policy it finishes at once.
+        for task in _threads(self._proc.pid):
+            with contextlib.suppress(AttributeError, OSError):  # Linux only
+                os.sched_setscheduler(task, os.SCHED_OTHER, os.sched_param(0))
         try:
             if self._proc.poll() is None:
                 self.discard_episode()
