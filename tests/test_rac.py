@@ -359,6 +359,21 @@ def test_demos_from_a_store_of_another_task_or_too_short_is_one_line_naming_what
         code, err = robo_rl_in_process(capsys, "demo", f"demos_from={tmp_path / task}", f"out={tmp_path / ('out-' + task)}")
         assert code == 2 and len(err.strip().splitlines()) == 1, err
         assert f"holds {n} episodes of ['{task}']" in err and "needs 50 of pack_cube_nolid" in err, err
+    # obs=images: a store without the demo's cameras, or with frames of another size, says what it has
+    frames = EpisodeStore.create(tmp_path / "frames", Schema.build({"obs/qpos": ((14,), "float32"), "action": ((14,), "float32"),
+                                                                   "obs/images/top": ((48, 64, 3), "uint8")}, fps=50))
+    frames.add_episode({"obs/qpos": np.zeros((5, 14), np.float32), "action": np.zeros((5, 14), np.float32),
+                        "obs/images/top": np.zeros((5, 48, 64, 3), np.uint8)}, np.arange(5) / 50, "TELEOP",
+                       EpisodeMeta(task="pack_cube_nolid"))
+    for cameras, expected in (("[top,right_wrist]", "has no ['obs/images/right_wrist']; its cameras are ['top']"),
+                              ("[top]", "has frames of {'top': [48, 64]}")):
+        code, err = robo_rl_in_process(capsys, "demo", "obs=images", f"cameras={cameras}", "small.demos=1",
+                                       f"demos_from={tmp_path / 'frames'}", f"out={tmp_path / 'out-frames'}")
+        assert code == 2 and len(err.strip().splitlines()) == 1 and expected in err, err
+    # a camera the twin lacks: one line naming the ones it has, and nothing written
+    code, err = robo_rl_in_process(capsys, "demo", "obs=images", "cameras=[top,nose]", f"out={tmp_path / 'out-nose'}")
+    assert code == 2 and "no camera 'nose'; its cameras are ['top', 'left_wrist', 'right_wrist']" in err, err
+    assert not (tmp_path / "out-nose").exists()
 
 
 @pytest.mark.slow  # ~1.5 min: PackCube's demos and rollouts rendered

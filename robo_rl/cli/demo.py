@@ -113,8 +113,6 @@ def run(cfg: DictConfig) -> int:
     policy_opts["sample_temperature"] = s["sample_temperature"]
     FlowConfig.from_dict(policy_opts)  # the policy's own checks, before the run is written down or demos recorded
     out = Path(cfg.out)
-    stages = Stages(out, cfg, bool(cfg.resume))
-    t_start = time.perf_counter()
     if cfg.obs == "state":
         cameras, image_size = [], None
         obs_keys = ["obs/qpos", "obs/env_state"]
@@ -123,6 +121,9 @@ def run(cfg: DictConfig) -> int:
         image_size = (int(cfg.image_size[0]), int(cfg.image_size[1]))
         if not cameras:
             raise ConfigError("demo: obs=images needs cameras, e.g. cameras=[top,right_wrist]")
+        from robo_rl.sim.recording import recording_env
+
+        recording_env(cfg.task, cameras, image_size)[0].close()  # a camera the twin lacks: one line, nothing written
         obs_keys = ["obs/qpos", *(f"obs/images/{c}" for c in cameras)]
     else:
         raise ConfigError(f"demo: obs={cfg.obs!r}; choose state or images")
@@ -139,6 +140,10 @@ def run(cfg: DictConfig) -> int:
     n_eval, parts, side_by_side = int(s["eval_episodes"]), int(cfg.eval_parts), int(cfg.processes) > 1
     if parts < 1 or int(cfg.processes) not in (1, 2):
         raise ConfigError(f"demo: eval_parts={parts} must be >= 1 and processes={cfg.processes} 1 or 2")
+    # a store recorded before: checked before anything is written
+    recorded = existing_demos(Path(str(cfg.demos_from)), cfg.task, int(s["demos"]), obs_keys, image_size) if cfg.demos_from else None
+    stages = Stages(out, cfg, bool(cfg.resume))  # the settings are checked: the run is written down from here
+    t_start = time.perf_counter()
 
     def evaluate(policy: Any, name: str, checkpoint: Path) -> dict[str, Any]:
         if side_by_side and parts > 1:
@@ -157,7 +162,7 @@ def run(cfg: DictConfig) -> int:
     # 1. teleop demos through the Recorder (or a store recorded before)
     if cfg.demos_from:
         demos = Path(str(cfg.demos_from))
-        rec = stages.run("1 teleop demos", lambda: existing_demos(demos, cfg.task, int(s["demos"])))
+        rec = stages.run("1 teleop demos", lambda: recorded)
     else:
         demos = out / "demos"
 
@@ -282,8 +287,10 @@ def run(cfg: DictConfig) -> int:
     return 0
 
 
-def existing_demos(path: Path, task: str, episodes: int) -> dict[str, Any]:
-    """`demos_from=`: a store recorded before (by this demo, `robo-rl collect` or a teleop session)."""
+def existing_demos(path: Path, task: str, episodes: int, obs_keys: list[str],
+                   image_size: tuple[int, int] | None) -> dict[str, Any]:
+    """`demos_from=`: a store recorded before (by this demo, `robo-rl collect` or a teleop session),
+    with the demo's observations and its cameras' frames at the size the rollouts render."""
     from robo_rl.data.store import EpisodeStore
 
     store = EpisodeStore.open(path, mode="r")  # a missing or foreign folder is a one-line StoreError
@@ -291,6 +298,15 @@ def existing_demos(path: Path, task: str, episodes: int) -> dict[str, Any]:
     if store.n_episodes < episodes or tasks != {task}:
         raise ConfigError(f"demo: demos_from={path} holds {store.n_episodes} episodes of {sorted(tasks)}; "
                           f"the demo needs {episodes} of {task}")
+    cameras = {k: list(store.train_image_size or store.schema.keys[k].shape[:2]) for k in store.schema.image_keys}
+    missing = [k for k in obs_keys if k not in store.schema.keys]
+    if missing:
+        raise ConfigError(f"demo: demos_from={path} has no {missing}; its cameras are "
+                          f"{sorted(k.rsplit('/', 1)[-1] for k in cameras) or 'none'} (record the demo's cameras, or pass cameras=)")
+    wrong = {k.rsplit("/", 1)[-1]: v for k, v in cameras.items() if k in obs_keys and tuple(v) != tuple(image_size or ())}
+    if wrong:
+        raise ConfigError(f"demo: demos_from={path} has frames of {wrong} (height, width); the demo renders its rollouts "
+                          f"at image_size={list(image_size or ())}: record the demos at that size or pass image_size=")
     return {"episodes": episodes, "from": str(path)}
 
 

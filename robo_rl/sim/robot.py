@@ -88,7 +88,8 @@ class SimRobot:
         self.cameras = list(cameras) if cameras is not None else [c.name for c in self.spec.cameras]
         for cam in self.cameras:
             if mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_CAMERA, cam) < 0:
-                raise ConfigError(f"{path}: no camera '{cam}'")
+                known = [self.model.camera(i).name for i in range(self.model.ncam)]
+                raise ConfigError(f"{path}: no camera '{cam}'; its cameras are {known}")
         self.image_size = tuple(image_size)
         self.render_scale = self._fit_scale(RENDER_SCALE if render_scale is None else int(render_scale))
         self.realtime = realtime
