@@ -70,3 +70,15 @@ def test_the_check_sees_lazy_imports_and_the_verbs_exist():
     assert "robo_rl.policies.rtc" in found  # imported inside run(), only when rtc=true
     assert all((PACKAGE.parent / (m.replace(".", "/") + ".py")).is_file() for m, _ in VERBS.values())
     assert len(VERBS) >= 15
+
+
+def test_no_verb_runs_a_round_of_its_own():
+    """A RaC round (collect -> compose -> train -> evaluate) has one home, robo_rl/rac/experiment.py:
+    a verb wires its collect and evaluate and calls it, and never trains on interventions itself."""
+    wrong = [f"{path.relative_to(PACKAGE.parent)}:{line} imports {module}"
+             for path in sorted((PACKAGE / "cli").glob("*.py"))
+             for module, line in imports(path) if _under(module, "robo_rl.rac.finetune")]
+    assert wrong == [], "\n".join(wrong) + "\n(call robo_rl.rac.experiment.run_rounds)"
+    callers = {path.name for path in (PACKAGE / "cli").glob("*.py")
+               if any(_under(m, "robo_rl.rac.experiment") for m, _ in imports(path))}
+    assert {"demo.py", "rac.py"} <= callers
