@@ -147,7 +147,7 @@ def test_a_peg_lifted_by_its_tip_is_a_dead_end_let_go_and_gripped_again():
     # the correction's grip is one the expert can finish from, which the policy's was not
     assert expert_finishes(env.unwrapped, 400)
     # HG-DAgger's operator sees the same dead end; it corrects at once, without the recovery
-    _, ctl, _, _, _ = run("insertion", no_change, steps=900, noise=ExpertNoise(**gripping(-0.02)), mode="hg_dagger",
+    _, ctl, _, _, _ = run("insertion", no_change, steps=200, noise=ExpertNoise(**gripping(-0.02)), mode="hg_dagger",
                          config=OperatorConfig(recover=False))
     assert ctl.interventions[0].reason.startswith("dead end") and ctl.interventions[0].recovery_steps <= 1
 

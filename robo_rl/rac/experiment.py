@@ -112,7 +112,9 @@ def run_rounds(plan: Rounds, policy: Any, predict: Any, collect: Collect, evalua
             plan.checkpoint, demo_sources, interventions, plan.composition, plan.learner, run_dir,
             extra=plan.extra(r), resume=resume, from_scratch=plan.from_scratch)[1]))
         policy = load_policy(read_checkpoint(run_dir / "checkpoints" / "last.pt"), device=plan.device)
-        predict = predictor(policy) if predictor is not None else None
+        # a traced predictor holds memory TorchScript never gives back: made only where one is used
+        needed = evaluate is not None or r < n_rounds
+        predict = predictor(policy) if predictor is not None and needed else None
         row = {"method": plan.method, "round": r, **total, "collect": st, "finetune_steps": fit["step"]}
         if evaluate is not None:
             row.update(evaluate(policy, predict, run_dir / "eval", r))
