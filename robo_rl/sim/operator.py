@@ -136,6 +136,7 @@ class SimOperator:
         self._done_since: int | None = None
         self._seen = Phase.AUTONOMOUS
         self._unreachable = False
+        self._sent: np.ndarray | None = None  # the policy's command of the tick before: the last one sent
 
     def _watch_from(self, stage: int) -> None:
         self._max_stage, self._stage_since = stage, self._step
@@ -146,6 +147,7 @@ class SimOperator:
     # ------------------------------------------------------------------ the Operator protocol
     def signal(self, phase: Phase, policy_action: np.ndarray | None) -> OperatorEvent | None:
         stage = self.env.task.stage(self.env.robot)
+        last_sent, self._sent = self._sent, policy_action
         if phase != self._seen:
             if phase == Phase.AUTONOMOUS:  # HG-DAgger handed control back: watch afresh from here
                 self._watch_from(stage)
@@ -157,7 +159,7 @@ class SimOperator:
             self._plan_phase = None  # a recovery cut short: the correction plans from here
             return OperatorEvent(RECOVERY_DONE if phase == Phase.RECOVERY else CORRECTION_DONE, UNREACHABLE)
         if phase == Phase.AUTONOMOUS:
-            reason = self._failure(stage, policy_action)
+            reason = self._failure(stage, policy_action, last_sent)
             if reason is not None:
                 # the sub-task to complete: after a regression, the one that was under way when
                 # things came undone (a lid dropped on the rim while placing is corrected until it
@@ -223,7 +225,7 @@ class SimOperator:
         """The stage whose sub-task is under way: the best reached during a placing dip."""
         return self._max_stage if placing_dip(self.env, self._max_stage, stage) else stage
 
-    def _failure(self, stage: int, policy_action: np.ndarray | None) -> str | None:
+    def _failure(self, stage: int, policy_action: np.ndarray | None, last_sent: np.ndarray | None) -> str | None:
         env, cfg = self.env, self.cfg
         dt = 1.0 / env.robot.spec.control_hz
         if stage > self._max_stage:
@@ -234,7 +236,9 @@ class SimOperator:
             return f"stage regressed from {env.task.stage_names[self._max_stage]} to {env.task.stage_names[stage]}"
         if cfg.lookahead and 0 < stage == self._max_stage > self._looked_at and stage < len(env.task.stage_names) - 1:
             self._looked_at = stage
-            if not expert_finishes(env, env.max_steps - env._steps, cfg.lookahead_settle_s, policy_action):
+            # from the command the state came from, not this tick's, which may already be the failure
+            # (a hand opening on the cube it carries: that is a regression a few ticks on)
+            if not expert_finishes(env, env.max_steps - env._steps, cfg.lookahead_settle_s, last_sent):
                 return f"dead end: the expert cannot finish from {env.task.stage_names[stage]}"
         working = self._working_stage(stage)
         if (self._step - self._stage_since) * dt > self.patience_s[working]:
