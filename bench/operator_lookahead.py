@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 import tempfile
 import time
@@ -27,6 +26,7 @@ import numpy as np
 os.environ.setdefault("MUJOCO_GL", "egl")
 sys.path.insert(0, str(Path(__file__).parent))
 from common import cpu_kind, make_console, table  # noqa: E402
+from rac_takeovers import kind  # noqa: E402  (a takeover's trigger, its timings dropped)
 
 from robo_rl.data.store import EpisodeStore  # noqa: E402
 from robo_rl.policies import load_policy, read_checkpoint  # noqa: E402
@@ -35,11 +35,6 @@ from robo_rl.runtime.chunking import ChunkingConfig  # noqa: E402
 from robo_rl.sim.evaluate import seeded_noise  # noqa: E402
 from robo_rl.sim.interventions import collect_interventions  # noqa: E402
 from robo_rl.sim.operator import OperatorConfig, SimOperator  # noqa: E402
-
-
-def kind(reason: str) -> str:
-    """A takeover's trigger without its timings ('no progress in reach for 3.1 s' -> 'no progress in reach')."""
-    return re.sub(r" for [0-9.]+ s.*$", "", reason)
 
 
 class Watcher:

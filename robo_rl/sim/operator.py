@@ -51,11 +51,9 @@ labels, the END rule and the smooth switch of control.
 
 from __future__ import annotations
 
-import copy
 import functools
 from dataclasses import dataclass, field
 
-import mujoco
 import numpy as np
 
 from robo_rl.rac.intervention import (CORRECTION_DONE, PLAN_FINISHED, RECOVERY_DONE, TAKE_OVER, TIMEOUT, UNREACHABLE,
@@ -327,10 +325,7 @@ def expert_finishes(env, max_steps: int, settle_s: float = 0.5, start_command: n
     scratch copy of the physics (the twin itself does not move), until the task is done or
     `settle_s` after the plan's last segment."""
     robot, task = env.robot, env.task
-    scratch = copy.copy(robot)  # shares the model; its own data, no renderer, no pacing
-    scratch.data = mujoco.MjData(robot.model)
-    mujoco.mj_copyData(scratch.data, robot.model, robot.data)
-    scratch._renderer, scratch.realtime = None, False
+    scratch = robot.physics_copy()
     last = len(task.stage_names) - 1
     expert = task.expert(scratch, np.random.default_rng(0), ExpertNoise.none(), start_command=start_command)
     settle = int(round(settle_s * robot.spec.control_hz))

@@ -3,6 +3,8 @@ runs here unchanged. Physics at 500 Hz (sim/aloha.xml), commands at the spec's r
 
 from __future__ import annotations
 
+import copy
+
 import os
 import time
 from pathlib import Path
@@ -129,6 +131,15 @@ class SimRobot:
             self._renderer = None
 
     # ------------------------------------------------------------------ sim-only
+    def physics_copy(self) -> "SimRobot":
+        """A robot on a copy of this one's physics state (the same model): stepping it leaves this
+        one as it is. No renderer, no pacing: for looking ahead, not for showing."""
+        other = copy.copy(self)
+        other.data = mujoco.MjData(self.model)
+        mujoco.mj_copyData(other.data, self.model, self.data)
+        other._renderer, other.realtime, other._next_tick = None, False, None
+        return other
+
     def reset(self, qpos: np.ndarray | None = None) -> None:
         """Arms to `qpos` (action units; default the spec's home pose), everything else to the
         scene's initial state. Tasks place their objects after this."""
