@@ -14,13 +14,12 @@ from robo_rl.cli.app import run_app
 from robo_rl.cli.tables import print_table
 from robo_rl.errors import ConfigError
 from robo_rl.hardware.teleop import TELEOP_KINDS
-from robo_rl.rac.experiment import METHODS  # rac, hg_dagger, demos and the control, no_new_data
+from robo_rl.rac.experiment import METHODS, label  # rac, hg_dagger, demos and the control, no_new_data
 from robo_rl.rac.intervention import LABELS as PHASE_LABELS  # a controller phase -> its segment label
 
 OPERATORS = ("sim", *TELEOP_KINDS)  # the simulated operator, or a human on a teleop device
 OWN_COMPOSITION = {"rac": "rac", "hg_dagger": "hg_dagger", "demos": "all", "no_new_data": "all"}
-LABELS = {"rac": "RaC", "hg_dagger": "HG-DAgger", "demos": "more expert demos", "no_new_data": "fine-tune, no new data",
-          "base": "pre-trained"}
+LABELS = {**{m: label(m) for m in METHODS}, "base": "pre-trained"}
 
 
 def main(argv: list[str]) -> int:
