@@ -418,6 +418,17 @@ def test_a_camera_the_store_lacks_is_named_with_the_cameras_it_has(tmp_path):
         ObsShapes.from_schema(store.schema, ["obs/qpos", "obs/images/wrist"])
 
 
+def test_rac_fine_tunes_a_camera_policy_with_the_recipes_dtype_unless_told():
+    from robo_rl.learn.recipes import cpu_computes_bf16, with_camera_learner
+
+    opts = {"steps": 2000, "lr": 1e-4}
+    cpu = with_camera_learner(opts, True, "cpu")
+    assert cpu.get("bf16") == ("true" if cpu_computes_bf16() else None) and cpu["compile"] == "auto"
+    assert with_camera_learner({**opts, "bf16": "false"}, True, "cpu")["bf16"] == "false"  # the user's choice stays
+    assert with_camera_learner(opts, False, "cpu") == opts  # a state policy: as configured
+    assert "compile" not in with_camera_learner(opts, True, "cuda:0")  # the GPU: the learner's own defaults
+
+
 def test_a_camera_train_picks_the_camera_recipe_and_the_command_line_wins(tmp_path, capsys):
     from robo_rl.learn.recipes import CAMERA_FLOW_RECIPE, CAMERA_RECIPE, cpu_computes_bf16
     from robo_rl.policies import read_checkpoint

@@ -130,6 +130,21 @@ def test_unfinished_corrections_weigh_nothing():
     assert w_all[15:20].min() > 0  # the option off: every operator step trains
 
 
+def test_no_recovery_after_masks_only_that_takeovers_recovery():
+    # a dead end (recovery 6-7, correction 8-9) and a misaligned grasp (recovery 15-16, correction 17-19)
+    inter = np.array([P] * 6 + [R] * 2 + [C] * 2 + [P] * 5 + [R] * 2 + [C] * 3)
+    records = [[{"step": 6, "reason": "dead end: the expert cannot finish from both_lifted", "ended": "sub-task done"}],
+               [{"step": 5, "reason": "right gripper closed without holding peg (misaligned grasp)", "ended": "sub-task done"}]]
+    src = {"segments": inter, "episode_starts": [0, 10], "interventions": records}
+    demo = {"segments": np.full(20, T), "episode_starts": [0], "demo": True}
+    _, w = composition_weights([demo, src], CompositionConfig(mode="rac", no_recovery_after=["dead end"]))
+    assert w[6:8].max() == 0 and w[8:10].min() > 0  # the dead end's letting go is out, its correction in
+    assert w[15:20].min() > 0  # the other takeover's recovery and correction both train
+    assert composition_weights([demo, src], CompositionConfig(mode="rac"))[1].tolist() == w.tolist()  # the default
+    _, w_off = composition_weights([demo, src], CompositionConfig(mode="rac", no_recovery_after=[]))
+    assert w_off[6:8].min() > 0
+
+
 @pytest.mark.parametrize("mode", ["rac", "corrections", "hg_dagger", "sirius", "all"])
 def test_composition_weights_masks_and_shares(mode):
     demo = np.full(300, T)

@@ -79,6 +79,7 @@ def run_rounds(cfg: DictConfig, ckpt: dict[str, Any], task: str, demos: str, n_d
                methods: list[str], human_session: "HumanSession | None") -> int:
     from robo_rl.learn import LearnerConfig
     from robo_rl.learn.learner import resolve_device
+    from robo_rl.learn.recipes import with_camera_learner
     from robo_rl.policies import load_policy
     from robo_rl.policies.common import predictor
     from robo_rl.rac.experiment import Rounds, run_rounds
@@ -97,7 +98,9 @@ def run_rounds(cfg: DictConfig, ckpt: dict[str, Any], task: str, demos: str, n_d
     base = load_policy(ckpt)
     randomizer_option(cfg.randomize_room, "rac",
                       None if base.shapes.images else f"{cfg.checkpoint} holds a policy without cameras")
-    learner_cfg = LearnerConfig.from_dict(OmegaConf.to_container(cfg.finetune, resolve=True))
+    finetune_opts = OmegaConf.to_container(cfg.finetune, resolve=True)  # a camera policy: the recipe's bf16, compile
+    learner_cfg = LearnerConfig.from_dict(with_camera_learner(finetune_opts, bool(base.shapes.images),
+                                                              resolve_device(str(finetune_opts.get("device", "auto")))))
     op_cfg = OperatorConfig(**OmegaConf.to_container(cfg.operator_config, resolve=True))
     comp_opts = OmegaConf.to_container(cfg.composition, resolve=True)
 

@@ -80,3 +80,17 @@ def camera_recipe(policy_name: str, device: str) -> dict[str, Any]:
     if device == "cpu":  # torch.compile for runs long enough to pay for it (learner.compile_wanted)
         chosen["learner.compile"] = "auto"
     return chosen
+
+
+def with_camera_learner(options: Mapping[str, Any], has_cameras: bool, device: str) -> dict[str, Any]:
+    """Learner options for training a policy further (RaC's fine-tune): a camera policy gets the
+    camera recipe's dtype and compile choices for `device` ("cpu" or "cuda...") wherever
+    `options` does not set them; a state policy's options are returned as they are."""
+    chosen = dict(options)
+    if has_cameras:
+        for key, value in camera_recipe("", "cuda" if device.startswith("cuda") else "cpu").items():
+            name = key.split(".", 1)[1]
+            if key.startswith("learner.") and name not in chosen:
+                chosen[name] = value
+    return chosen
+

@@ -16,6 +16,10 @@ pre-training demos and the intervention episodes. Three groups of steps:
                  carrying a fixed share (default 50%) of the weight (Liu et al., IWR)
     all          every step weighs 1
 
+`no_recovery_after` masks the recovery of takeovers by their reason: ["dead end"], the default, keeps what the
+operator's corrections after a dead end teach and drops its letting go of a lifted part (which a
+camera policy may not tell from a good grip; docs/results.md, "RaC rounds on camera Insertion").
+
 Interventions whose correction never finished its sub-task (the operator's timeout, its plan
 running out, the episode's time running out) teach nothing about finishing it: with
 `finished_only` (the default) their operator steps weigh 0. A correction that pushed on through
@@ -58,6 +62,7 @@ class CompositionConfig:
     pre_takeover_steps: int | None = None   # policy steps before a takeover that get pre_takeover_weight (sirius: 15)
     pre_takeover_weight: float = 0.0
     finished_only: bool = True              # operator steps of unfinished corrections weigh 0
+    no_recovery_after: Sequence[str] = ("dead end",)  # takeover reasons (prefixes) whose recovery weighs 0
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -66,6 +71,9 @@ class CompositionConfig:
             self.intervention_share = 0.5 if self.intervention_share is None else self.intervention_share
             self.pre_takeover_steps = 15 if self.pre_takeover_steps is None else self.pre_takeover_steps
         self.pre_takeover_steps = int(self.pre_takeover_steps or 0)
+        if isinstance(self.no_recovery_after, str):
+            self.no_recovery_after = (self.no_recovery_after,)
+        self.no_recovery_after = tuple(str(r) for r in self.no_recovery_after or ())
         for name in ("demo_share", "intervention_share"):
             v = getattr(self, name)
             if v is not None and not 0.0 <= v <= 1.0:
@@ -114,18 +122,37 @@ def unfinished_mask(segments: np.ndarray, episode_starts: np.ndarray,
     """True on the operator steps of each intervention whose correction did not finish
     (`ended` in UNFINISHED_ENDINGS). `interventions[e]`: episode e's records (extra["interventions"]),
     whose `step` counts from the episode's first step."""
+    return intervention_mask(segments, episode_starts, interventions,
+                             lambda rec: rec.get("ended") in UNFINISHED_ENDINGS, OPERATOR_LABELS)
+
+
+def recovery_after_mask(segments: np.ndarray, episode_starts: np.ndarray,
+                        interventions: Sequence[Sequence[Mapping[str, Any]]], reasons: Sequence[str]) -> np.ndarray:
+    """True on the RECOVERY steps of each intervention whose takeover reason starts with one of
+    `reasons` (e.g. "dead end")."""
+    prefixes = tuple(reasons)
+    return intervention_mask(segments, episode_starts, interventions,
+                             lambda rec: str(rec.get("reason", "")).startswith(prefixes), (int(Segment.RECOVERY),))
+
+
+def intervention_mask(segments: np.ndarray, episode_starts: np.ndarray,
+                      interventions: Sequence[Sequence[Mapping[str, Any]]], chosen: Any,
+                      labels: Sequence[int]) -> np.ndarray:
+    """True on the steps labelled one of `labels` within each intervention for which
+    `chosen(record)` holds, from its takeover tick to its last operator step."""
     seg = np.asarray(segments)
     mask = np.zeros(len(seg), dtype=bool)
     starts = np.asarray(episode_starts, dtype=np.int64)
     ends = np.r_[starts[1:], len(seg)]
     operator = np.isin(seg, OPERATOR_LABELS)
+    wanted = np.isin(seg, labels)
     for start, end, records in zip(starts, ends, interventions):
         for rec in records or ():
-            if rec.get("ended") not in UNFINISHED_ENDINGS:
+            if not chosen(rec):
                 continue
             t = start + int(rec.get("step", 0))
             while start <= t < end and operator[t]:  # the takeover tick to the intervention's last step
-                mask[t] = True
+                mask[t] = wanted[t]
                 t += 1
     return mask
 
@@ -144,6 +171,8 @@ def composition_weights(sources: Sequence[Mapping[str, Any]], cfg: CompositionCo
             w = np.where(pre_takeover_mask(seg, src["episode_starts"], cfg.pre_takeover_steps), cfg.pre_takeover_weight, w)
         if not src.get("demo", False) and cfg.finished_only and src.get("interventions") is not None:
             w = np.where(unfinished_mask(seg, src["episode_starts"], src["interventions"]), 0.0, w)
+        if not src.get("demo", False) and cfg.no_recovery_after and src.get("interventions") is not None:
+            w = np.where(recovery_after_mask(seg, src["episode_starts"], src["interventions"], cfg.no_recovery_after), 0.0, w)
         g = np.full(len(seg), "demo" if src.get("demo", False) else "policy", dtype=object)
         if not src.get("demo", False):
             g[np.isin(seg, OPERATOR_LABELS)] = "intervention"

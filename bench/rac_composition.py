@@ -1,0 +1,118 @@
+"""Which part of a RaC round's training data makes the policy better or worse?
+
+One round's intervention store (from `robo-rl rac`, OUT/rac/data) and its pre-trained checkpoint
+stay fixed; each variant changes one thing about how the round trains, fine-tunes (or retrains)
+from the same checkpoint, and is evaluated on the same seeds. The control (the demos alone,
+fine-tuned the same way) runs in the same call, so every row is read against it.
+
+Variants (pick with --variants):
+    control             the demos alone (robo-rl rac's no_new_data)
+    rac                 the round as robo-rl rac trains it: recovery + correction, half of each batch,
+                        no recovery after a dead-end takeover (composition.no_recovery_after)
+    all_recovery        every takeover's recovery trains, the dead ends' letting go included
+    corrections         no recovery at all (mode=corrections)
+    all_recovery_80     all_recovery with 80% of each batch from the demos: too much weight on the round?
+    all_recovery_fresh  all_recovery retrained from fresh weights with the pre-training's steps and lr
+
+    python bench/rac_composition.py --checkpoint CKPT --round-data OUT/rac/data [--variants control,rac,all_recovery]
+        [--episodes 50] [--steps 2000] [--threads 0] [--out data/bench/rac_composition]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+sys.path.insert(0, str(Path(__file__).parent))
+from common import cpu_kind, make_console, table  # noqa: E402
+
+from robo_rl.learn import LearnerConfig  # noqa: E402
+from robo_rl.learn.recipes import camera_recipe  # noqa: E402
+from robo_rl.policies import load_policy, read_checkpoint  # noqa: E402
+from robo_rl.policies.common import predictor  # noqa: E402
+from robo_rl.rac.finetune import finetune  # noqa: E402
+from robo_rl.rac.mixing import CompositionConfig  # noqa: E402
+from robo_rl.sim.evaluate import evaluate_with_recoveries  # noqa: E402
+
+EVERY = {"no_recovery_after": []}
+VARIANTS = {  # name -> (composition overrides, retrain from fresh weights, uses the round's data)
+    "control": ({"mode": "rac"}, False, False),
+    "rac": ({"mode": "rac"}, False, True),
+    "all_recovery": ({"mode": "rac", **EVERY}, False, True),
+    "corrections": ({"mode": "corrections"}, False, True),
+    "all_recovery_80": ({"mode": "rac", "demo_share": 0.8, **EVERY}, False, True),
+    "all_recovery_fresh": ({"mode": "rac", **EVERY}, True, True),
+}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--checkpoint", required=True)
+    ap.add_argument("--round-data", required=True, help="the round's intervention store (robo-rl rac: OUT/rac/data)")
+    ap.add_argument("--variants", default="control,rac,all_recovery")
+    ap.add_argument("--episodes", type=int, default=50)
+    ap.add_argument("--steps", type=int, default=2000, help="fine-tune steps (retrain: the checkpoint's own)")
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--out", default="data/bench/rac_composition")
+    args = ap.parse_args()
+    console = make_console()
+    names = [v for v in args.variants.split(",") if v]
+    unknown = [v for v in names if v not in VARIANTS]
+    if unknown:
+        sys.exit(f"rac_composition: unknown variants {unknown}; choose from {list(VARIANTS)}")
+    ckpt = read_checkpoint(args.checkpoint)
+    demos = [(ckpt["dataset"], ckpt.get("n_episodes"))]
+    chunking = dict(ckpt.get("chunking") or {})
+    pre = (ckpt.get("config") or {}).get("learner") or {}
+    policy_name = ckpt["config"]["policy"]["name"]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for name in names:
+        overrides, retrain, data = VARIANTS[name]
+        stores: list[Path] = []
+        if data:
+            stores = [Path(args.round_data)]
+        learner = LearnerConfig(steps=args.steps, batch_size=128, lr=1e-4, warmup_steps=100, weighted_sampling=True,
+                                loss_weights=False, checkpoint_every=100_000, threads=args.threads, device="cpu", seed=0)
+        recipe = {k.split(".", 1)[1]: v for k, v in camera_recipe(policy_name, "cpu").items() if k.startswith("learner.")}
+        learner = replace(learner, **recipe)  # bf16 where the CPU computes it, compile: as train and rac do
+        if retrain:  # the pre-training's recipe: its steps, peak lr and warm-up
+            learner = replace(learner, steps=int(ckpt.get("step") or pre.get("steps") or 4000),
+                              lr=float(pre.get("lr", 3e-4)), warmup_steps=int(pre.get("warmup_steps", 500)))
+        run_dir = out / name
+        shutil.rmtree(run_dir, ignore_errors=True)
+        t0 = time.time()
+        policy, fit = finetune(ckpt, demos, stores, CompositionConfig(**overrides), learner, run_dir,
+                               progress=True, from_scratch=retrain)
+        train_s = time.time() - t0
+        policy = load_policy(read_checkpoint(run_dir / "checkpoints" / "last.pt"), device="cpu")
+        t0 = time.time()
+        ev = evaluate_with_recoveries(policy, ckpt["task"], chunking, args.episodes, 10, 100_000, 5, run_dir / "eval",
+                                      0, predictor(policy))
+        row = {"variant": name, "success": ev["success_rate"], "low": ev["ci95_low"], "high": ev["ci95_high"],
+               "stage_reach": ev["stage_reach"], "train_steps": fit.get("step"), "train_s": train_s,
+               "eval_s": time.time() - t0}
+        rows.append(row)
+        (out / "rows.json").write_text(json.dumps(rows, indent=1))
+        console.print(f"{name}: {row['success']:.0%} [{row['low']:.0%}, {row['high']:.0%}] {ev['stage_reach']}")
+    stages = list(rows[0]["stage_reach"]) if rows else []
+    t = table(f"RaC round composition, {ckpt['task']}, {args.episodes} episodes (seeds 100000+), {cpu_kind()}",
+              ["variant", "success [95%]", *stages, "train steps", "train min", "eval min"])
+    for r in rows:
+        t.add_row(*[r["variant"], f"{r['success']:.0%} [{r['low']:.0%}, {r['high']:.0%}]",
+                          *(f"{r['stage_reach'][s]:.0%}" for s in stages), str(r["train_steps"]),
+                          f"{r['train_s'] / 60:.1f}", f"{r['eval_s'] / 60:.1f}"])
+    console.print(t)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
