@@ -9,6 +9,7 @@ Variants (pick with --variants):
     control             the demos alone (robo-rl rac's no_new_data)
     rac                 the round as robo-rl rac trains it: recovery + correction, half of each batch,
                         no recovery after a dead-end takeover (composition.no_recovery_after)
+    rac_successes       rac, plus the policy's own steps in the rollouts it finished with no takeover
     all_recovery        every takeover's recovery trains, the dead ends' letting go included
     corrections         no recovery at all (mode=corrections)
     all_recovery_80     all_recovery with 80% of each batch from the demos: too much weight on the round?
@@ -46,6 +47,7 @@ VARIANTS = {  # name -> (composition overrides, retrain from fresh weights, uses
     "control": ({"mode": "rac"}, False, False),
     "rac": ({"mode": "rac"}, False, True),
     "all_recovery": ({"mode": "rac", **EVERY}, False, True),
+    "rac_successes": ({"mode": "rac", "successful_rollouts": True}, False, True),
     "corrections": ({"mode": "corrections"}, False, True),
     "all_recovery_80": ({"mode": "rac", "demo_share": 0.8, **EVERY}, False, True),
     "all_recovery_fresh": ({"mode": "rac", **EVERY}, True, True),

@@ -324,3 +324,22 @@ def test_a_pose_out_of_reach_is_given_up_not_jumped_to():
     _, ctl, labels, actions, _ = run("transfer_cube", knock, steps=600)
     assert [r.ended for r in ctl.interventions] == [UNREACHABLE] and UNREACHABLE in UNFINISHED_ENDINGS
     assert largest_operator_step(labels, actions) < 0.6 and ctl.done
+
+
+def test_end_margin_counts_the_episodes_ticks_when_the_twin_steps_it():
+    # the episode loop steps a TaskTwin, not env.step: the operator counts the episode's ticks itself
+    from robo_rl.sim.envs import TaskTwin
+
+    env = BimanualEnv("transfer_cube", max_steps=100)
+    twin = TaskTwin(env)
+    twin.reset(0)
+    policy = env.expert(ExpertNoise.none())  # 2 s is too short for the hand-over
+    op = SimOperator(env, OperatorConfig(end_margin_s=0.5, lookahead=False), rng=np.random.default_rng(0))
+    ctl = InterventionController(op, InterventionConfig(mode="rac"))
+    for _ in range(100):
+        act, _ = ctl.step(policy.act(), env.robot.time, env.task.stage(env.robot))
+        twin.act(act)
+        if ctl.in_control:
+            break
+    assert ctl.interventions and "left and the task is unfinished" in ctl.interventions[0].reason
+    assert ctl.interventions[0].time == pytest.approx(1.5, abs=0.05)

@@ -145,6 +145,20 @@ def test_no_recovery_after_masks_only_that_takeovers_recovery():
     assert w_off[6:8].min() > 0
 
 
+def test_successful_rollouts_train_only_the_policys_clean_successes():
+    # three rollouts: finished by the policy alone (0-4), finished after a takeover (5-9), failed alone (10-14)
+    inter = np.array([P] * 5 + [P] * 2 + [R] + [C] * 2 + [P] * 5)
+    records = [[], [{"step": 2, "reason": "no progress", "ended": "sub-task done"}], []]
+    src = {"segments": inter, "episode_starts": [0, 5, 10], "interventions": records, "successes": [True, True, False]}
+    demo = {"segments": np.full(20, T), "episode_starts": [0], "demo": True}
+    _, w = composition_weights([demo, src], CompositionConfig(mode="rac", successful_rollouts=True))
+    assert w[0:5].min() > 0  # the clean success trains
+    assert w[5:7].max() == 0 and w[10:15].max() == 0  # the policy's steps before a takeover, and a failure, do not
+    assert w[7:10].min() > 0
+    _, w_off = composition_weights([demo, src], CompositionConfig(mode="rac"))
+    assert w_off[0:5].max() == 0  # off by default: RaC trains the operator's steps only
+
+
 @pytest.mark.parametrize("mode", ["rac", "corrections", "hg_dagger", "sirius", "all"])
 def test_composition_weights_masks_and_shares(mode):
     demo = np.full(300, T)

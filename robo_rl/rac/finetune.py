@@ -64,7 +64,8 @@ def finetune(checkpoint: Mapping[str, Any], demos: Sequence[tuple[str | Path, in
         samplers.append(s)
         records = [(m.extra or {}).get("interventions") or [] for m in store.metas[:count]]
         sources.append({"segments": s.data["segment"], "episode_starts": np.unique(s.start), "demo": is_demo,
-                        "interventions": records, "path": str(path)})
+                        "interventions": records, "successes": [bool(m.success) for m in store.metas[:count]],
+                        "path": str(path)})
     if not samplers:
         raise ConfigError("finetune: no episodes in the given stores")
     for s, w in zip(samplers, composition_weights(sources, composition)):

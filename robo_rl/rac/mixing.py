@@ -20,6 +20,9 @@ pre-training demos and the intervention episodes. Three groups of steps:
 operator's corrections after a dead end teach and drops its letting go of a lifted part (which a
 camera policy may not tell from a good grip; docs/results.md, "RaC rounds on camera Insertion").
 
+`successful_rollouts` also trains the policy's own steps in the rollouts it finished without a
+takeover (RaC as a secondary summary describes it): the round's finished insertions.
+
 Interventions whose correction never finished its sub-task (the operator's timeout, its plan
 running out, the episode's time running out) teach nothing about finishing it: with
 `finished_only` (the default) their operator steps weigh 0. A correction that pushed on through
@@ -63,6 +66,7 @@ class CompositionConfig:
     pre_takeover_weight: float = 0.0
     finished_only: bool = True              # operator steps of unfinished corrections weigh 0
     no_recovery_after: Sequence[str] = ("dead end",)  # takeover reasons (prefixes) whose recovery weighs 0
+    successful_rollouts: bool = False       # the policy's own steps in rollouts it finished with no takeover train
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -135,6 +139,19 @@ def recovery_after_mask(segments: np.ndarray, episode_starts: np.ndarray,
                              lambda rec: str(rec.get("reason", "")).startswith(prefixes), (int(Segment.RECOVERY),))
 
 
+def clean_success_mask(segments: np.ndarray, episode_starts: np.ndarray, successes: Sequence[bool],
+                       interventions: Sequence[Sequence[Mapping[str, Any]]] | None) -> np.ndarray:
+    """True on the POLICY steps of each episode the policy finished with no takeover."""
+    seg = np.asarray(segments)
+    mask = np.zeros(len(seg), dtype=bool)
+    starts = np.asarray(episode_starts, dtype=np.int64)
+    ends = np.r_[starts[1:], len(seg)]
+    for e, (start, end) in enumerate(zip(starts, ends)):
+        if successes[e] and not (interventions and interventions[e]):
+            mask[start:end] = seg[start:end] == int(Segment.POLICY)
+    return mask
+
+
 def intervention_mask(segments: np.ndarray, episode_starts: np.ndarray,
                       interventions: Sequence[Sequence[Mapping[str, Any]]], chosen: Any,
                       labels: Sequence[int]) -> np.ndarray:
@@ -171,6 +188,9 @@ def composition_weights(sources: Sequence[Mapping[str, Any]], cfg: CompositionCo
             w = np.where(pre_takeover_mask(seg, src["episode_starts"], cfg.pre_takeover_steps), cfg.pre_takeover_weight, w)
         if not src.get("demo", False) and cfg.finished_only and src.get("interventions") is not None:
             w = np.where(unfinished_mask(seg, src["episode_starts"], src["interventions"]), 0.0, w)
+        if not src.get("demo", False) and cfg.successful_rollouts and src.get("successes") is not None:
+            w = np.where(clean_success_mask(seg, src["episode_starts"], src["successes"], src.get("interventions")),
+                         1.0, w)
         if not src.get("demo", False) and cfg.no_recovery_after and src.get("interventions") is not None:
             w = np.where(recovery_after_mask(seg, src["episode_starts"], src["interventions"], cfg.no_recovery_after), 0.0, w)
         g = np.full(len(seg), "demo" if src.get("demo", False) else "policy", dtype=object)

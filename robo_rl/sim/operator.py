@@ -236,7 +236,9 @@ class SimOperator:
             self._looked_at = stage
             # from the command the state came from, not this tick's, which may already be the failure
             # (a hand opening on the cube it carries: that is a regression a few ticks on)
-            if not expert_finishes(env, env.max_steps - env._steps, cfg.lookahead_settle_s, last_sent):
+            # a whole episode's time: a dead end is a grip the expert cannot finish from, not one
+            # it lacks the time for (that is the stall rule's and end_margin_s's)
+            if not expert_finishes(env, env.max_steps, cfg.lookahead_settle_s, last_sent):
                 return f"dead end: the expert cannot finish from {env.task.stage_names[stage]}"
         working = self._working_stage(stage)
         if (self._step - self._stage_since) * dt > self.patience_s[working]:
@@ -247,7 +249,7 @@ class SimOperator:
                 self._closed_empty[arm] = self._closed_empty.get(arm, 0) + 1 if empty else 0
                 if self._closed_empty[arm] * dt > cfg.grasp_s:
                     return f"{arm} gripper closed without holding {geom} (misaligned grasp)"
-        steps_left = env.max_steps - env._steps
+        steps_left = env.max_steps - self._step  # this operator's ticks in the episode
         if cfg.end_margin_s > 0 and steps_left * dt < cfg.end_margin_s and stage < len(env.task.stage_names) - 1:
             return f"{steps_left * dt:.1f} s left and the task is unfinished"
         return None
