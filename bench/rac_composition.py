@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import cpu_kind, make_console, table  # noqa: E402
 
 from robo_rl.learn import LearnerConfig  # noqa: E402
-from robo_rl.learn.recipes import camera_recipe  # noqa: E402
+from robo_rl.learn.recipes import camera_learner  # noqa: E402
 from robo_rl.policies import load_policy, read_checkpoint  # noqa: E402
 from robo_rl.policies.common import predictor  # noqa: E402
 from robo_rl.rac.finetune import finetune  # noqa: E402
@@ -73,7 +73,6 @@ def main() -> int:
     demos = [(ckpt["dataset"], ckpt.get("n_episodes"))]
     chunking = dict(ckpt.get("chunking") or {})
     pre = (ckpt.get("config") or {}).get("learner") or {}
-    policy_name = ckpt["config"]["policy"]["name"]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -84,8 +83,7 @@ def main() -> int:
             stores = [Path(args.round_data)]
         learner = LearnerConfig(steps=args.steps, batch_size=128, lr=1e-4, warmup_steps=100, weighted_sampling=True,
                                 loss_weights=False, checkpoint_every=100_000, threads=args.threads, device="cpu", seed=0)
-        recipe = {k.split(".", 1)[1]: v for k, v in camera_recipe(policy_name, "cpu").items() if k.startswith("learner.")}
-        learner = replace(learner, **recipe)  # bf16 where the CPU computes it, compile: as train and rac do
+        learner = replace(learner, **camera_learner("cpu"))  # bf16 where the CPU computes it, compile: as rac does
         if retrain:  # the pre-training's recipe: its steps, peak lr and warm-up
             learner = replace(learner, steps=int(ckpt.get("step") or pre.get("steps") or 4000),
                               lr=float(pre.get("lr", 3e-4)), warmup_steps=int(pre.get("warmup_steps", 500)))

@@ -75,22 +75,23 @@ def camera_recipe(policy_name: str, device: str) -> dict[str, Any]:
     """The whole camera recipe for this policy and device, as {dotted key: value}: what `train`
     fills in (pick_recipe) and what `demo obs=images` trains and runs with."""
     chosen = dict(CAMERA_RECIPE, **(CAMERA_FLOW_RECIPE if policy_name == "flow" else {}))
+    chosen.update({f"learner.{k}": v for k, v in camera_learner(device).items()})
+    return chosen
+
+
+def camera_learner(device: str) -> dict[str, Any]:
+    """The camera recipe's learner choices for `device` ("cpu" or "cuda..."), by LearnerConfig key."""
+    chosen: dict[str, Any] = {}
     if device == "cpu" and cpu_computes_bf16():
-        chosen["learner.bf16"] = "true"
+        chosen["bf16"] = "true"
     if device == "cpu":  # torch.compile for runs long enough to pay for it (learner.compile_wanted)
-        chosen["learner.compile"] = "auto"
+        chosen["compile"] = "auto"
     return chosen
 
 
 def with_camera_learner(options: Mapping[str, Any], has_cameras: bool, device: str) -> dict[str, Any]:
     """Learner options for training a policy further (RaC's fine-tune): a camera policy gets the
-    camera recipe's dtype and compile choices for `device` ("cpu" or "cuda...") wherever
-    `options` does not set them; a state policy's options are returned as they are."""
-    chosen = dict(options)
-    if has_cameras:
-        for key, value in camera_recipe("", "cuda" if device.startswith("cuda") else "cpu").items():
-            name = key.split(".", 1)[1]
-            if key.startswith("learner.") and name not in chosen:
-                chosen[name] = value
-    return chosen
-
+    camera recipe's learner choices for `device` wherever `options` does not set them; a state
+    policy's options are returned as they are."""
+    extra = camera_learner("cpu" if device == "cpu" else "cuda") if has_cameras else {}
+    return {**extra, **options}

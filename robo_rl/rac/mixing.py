@@ -184,15 +184,16 @@ def composition_weights(sources: Sequence[Mapping[str, Any]], cfg: CompositionCo
     for src in sources:
         seg = np.asarray(src["segments"], dtype=np.int64)
         w = table[seg]
-        if not src.get("demo", False) and cfg.pre_takeover_steps:
-            w = np.where(pre_takeover_mask(seg, src["episode_starts"], cfg.pre_takeover_steps), cfg.pre_takeover_weight, w)
-        if not src.get("demo", False) and cfg.finished_only and src.get("interventions") is not None:
-            w = np.where(unfinished_mask(seg, src["episode_starts"], src["interventions"]), 0.0, w)
-        if not src.get("demo", False) and cfg.successful_rollouts and src.get("successes") is not None:
-            w = np.where(clean_success_mask(seg, src["episode_starts"], src["successes"], src.get("interventions")),
-                         1.0, w)
-        if not src.get("demo", False) and cfg.no_recovery_after and src.get("interventions") is not None:
-            w = np.where(recovery_after_mask(seg, src["episode_starts"], src["interventions"], cfg.no_recovery_after), 0.0, w)
+        demo, starts, records = src.get("demo", False), src.get("episode_starts"), src.get("interventions")
+        if not demo and cfg.pre_takeover_steps:
+            w = np.where(pre_takeover_mask(seg, starts, cfg.pre_takeover_steps), cfg.pre_takeover_weight, w)
+        if not demo and records is not None:
+            if cfg.finished_only:
+                w = np.where(unfinished_mask(seg, starts, records), 0.0, w)
+            if cfg.no_recovery_after:
+                w = np.where(recovery_after_mask(seg, starts, records, cfg.no_recovery_after), 0.0, w)
+        if not demo and cfg.successful_rollouts and src.get("successes") is not None:
+            w = np.where(clean_success_mask(seg, starts, src["successes"], records), 1.0, w)
         g = np.full(len(seg), "demo" if src.get("demo", False) else "policy", dtype=object)
         if not src.get("demo", False):
             g[np.isin(seg, OPERATOR_LABELS)] = "intervention"

@@ -4,7 +4,6 @@ runs here unchanged. Physics at 500 Hz (sim/aloha.xml), commands at the spec's r
 from __future__ import annotations
 
 import copy
-
 import os
 import time
 from pathlib import Path
