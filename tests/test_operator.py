@@ -343,3 +343,59 @@ def test_end_margin_counts_the_episodes_ticks_when_the_twin_steps_it():
             break
     assert ctl.interventions and "left and the task is unfinished" in ctl.interventions[0].reason
     assert ctl.interventions[0].time == pytest.approx(1.5, abs=0.05)
+
+
+def test_a_correction_that_finishes_the_task_is_labelled_task_done_not_cut_short():
+    # The twin's episode ends on success, before the operator's done-hold: a correction that
+    # finished the whole task must not read as one the time limit cut short (which weighs 0).
+    from robo_rl.rac.intervention import TASK_DONE, UNFINISHED_ENDINGS
+    from robo_rl.runtime.controller import ControllerConfig
+    from robo_rl.runtime.episodes import Episode, PerRobot, run_episodes
+    from robo_rl.runtime.sources import Interventions
+    from robo_rl.sim.envs import TaskTwin
+
+    env = BimanualEnv("transfer_cube", max_steps=600)  # room for a 3-s patience after the hand-over
+    twin = TaskTwin(env)
+    expert = {}
+
+    class StallsAtTheLastStage:  # the expert until the cube is handed over, then it holds still
+        def begin(self):
+            expert["policy"], expert["held"] = env.expert(ExpertNoise.none()), None
+
+        def action(self, deadline, history, report):
+            if expert["held"] is None:
+                a = expert["policy"].act()
+                if env.task.stage(env.robot) >= 2:
+                    expert["held"] = a
+                return a
+            return expert["held"]
+
+        def close(self):
+            pass
+
+    class Hooks:
+        outcome, episodes = None, 0
+
+        def start(self, i):
+            if self.episodes:
+                return None
+            self.episodes += 1
+            twin.reset(0)
+            return Episode()
+
+        def step(self, i, obs, executed, segment, outcome):
+            pass
+
+        def end(self, i, report, outcome):
+            self.outcome = outcome
+
+    op = SimOperator(env, OperatorConfig(patience_s=3.0, lookahead=False), rng=np.random.default_rng(0))
+    ctl = InterventionController(op, InterventionConfig(mode="rac"))
+    hooks = Hooks()
+    run_episodes([twin], Interventions(PerRobot([StallsAtTheLastStage()]), [ctl],
+                                       [lambda: env.task.stage(env.robot)]),
+                 ControllerConfig(hz=env.robot.spec.control_hz), hooks, lockstep=True)
+    assert hooks.outcome.success and not ctl.done  # success ended it, before the correction's done-hold
+    assert len(ctl.interventions) == 1 and "no progress" in ctl.interventions[0].reason
+    rec = ctl.interventions[0]
+    assert rec.correction_steps > 0 and rec.ended == TASK_DONE and TASK_DONE not in UNFINISHED_ENDINGS

@@ -41,9 +41,10 @@ class Phase(str, enum.Enum):
 TAKE_OVER, RECOVERY_DONE, CORRECTION_DONE = "take_over", "recovery_done", "correction_done"
 # how a correction ended without finishing its sub-task: the operator gave up (timeout, or a pose
 # its arm cannot reach smoothly), its plan ran out, or the episode's time did; anything else (a
-# human's key, "sub-task done") is finished
+# human's key, "sub-task done", the whole task done under the operator's hands) is finished
 TIMEOUT, PLAN_FINISHED, EPISODE_END, UNREACHABLE = "timeout", "plan finished", "episode_end", "unreachable"
 UNFINISHED_ENDINGS = (TIMEOUT, PLAN_FINISHED, EPISODE_END, UNREACHABLE)
+TASK_DONE = "task done"  # the episode ended on the task's success while the operator was in control
 # event -> (the phase it is valid in, the phase it leads to; None: decided by the mode)
 TRANSITIONS = {
     TAKE_OVER: (Phase.AUTONOMOUS, Phase.RECOVERY),
@@ -98,7 +99,7 @@ class Intervention:
     reason: str
     recovery_steps: int = 0
     correction_steps: int = 0
-    ended: str = ""              # correction_done reason, or "episode_end" if time ran out first
+    ended: str = ""              # correction_done reason; "task done" or "episode_end" if the episode ended first
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -163,10 +164,12 @@ class InterventionController:
         self._step += 1
         return out.copy(), LABELS[self.phase]
 
-    def finish(self) -> None:
-        """The episode stopped (time limit, success) while an intervention was still open."""
+    def finish(self, task_done: bool = False) -> None:
+        """The episode stopped while an intervention was still open: on the task's success
+        (`task_done`: the correction finished the task, it ends before any done-hold) or for any
+        other reason (the time limit, a stop: it did not)."""
         if self.interventions and not self.interventions[-1].ended and self.in_control:
-            self.interventions[-1].ended = EPISODE_END
+            self.interventions[-1].ended = TASK_DONE if task_done else EPISODE_END
 
     # ------------------------------------------------------------------ internals
     def _apply(self, event: OperatorEvent, time: float, stage: int) -> None:

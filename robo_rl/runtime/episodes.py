@@ -94,7 +94,7 @@ class Sources(Protocol):
         ...
     def segment(self, i: int) -> Segment: ...   # the label of robot i's last command
     def ended(self, i: int) -> bool: ...        # the source ends robot i's episode (RaC's END, playback done)
-    def end(self, i: int) -> None: ...          # robot i's episode ended
+    def end(self, i: int, task_done: bool) -> None: ...  # robot i's episode ended (task_done: on success)
     def latencies(self) -> list[float]: ...     # inference latencies, ms
     def close(self) -> None: ...
 
@@ -146,7 +146,7 @@ class PerRobot:
     def ended(self, i: int) -> bool:
         return bool(getattr(self.sources[i], "ended", False))
 
-    def end(self, i: int) -> None:
+    def end(self, i: int, task_done: bool) -> None:
         pass
 
     def latencies(self) -> list[float]:
@@ -188,7 +188,7 @@ class LockstepChunks:
     def ended(self, i: int) -> bool:
         return False
 
-    def end(self, i: int) -> None:
+    def end(self, i: int, task_done: bool) -> None:
         pass
 
     def latencies(self) -> list[float]:
@@ -253,7 +253,7 @@ def run_episodes(robots: Sequence[Any], sources: Any, config: ControllerConfig, 
         nonlocal over
         run = running.pop(i)
         report = run.report
-        sources.end(i)
+        sources.end(i, run.outcome is not None and run.outcome.success)
         if run.episode.watchdog is not None:
             report.watchdog_holds, report.watchdog_stops = run.episode.watchdog.holds, run.episode.watchdog.stops
         if run.episode.safety is not None:

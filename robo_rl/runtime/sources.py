@@ -98,8 +98,8 @@ class Interventions:
     def ended(self, i: int) -> bool:
         return self.controllers[i].done
 
-    def end(self, i: int) -> None:
-        self.controllers[i].finish()
+    def end(self, i: int, task_done: bool) -> None:
+        self.controllers[i].finish(task_done)
 
     def latencies(self) -> list[float]:
         return self.policy.latencies()
