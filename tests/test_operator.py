@@ -356,19 +356,18 @@ def test_a_correction_that_finishes_the_task_is_labelled_task_done_not_cut_short
 
     env = BimanualEnv("transfer_cube", max_steps=600)  # room for a 3-s patience after the hand-over
     twin = TaskTwin(env)
-    expert = {}
 
     class StallsAtTheLastStage:  # the expert until the cube is handed over, then it holds still
         def begin(self):
-            expert["policy"], expert["held"] = env.expert(ExpertNoise.none()), None
+            self.expert, self.held = env.expert(ExpertNoise.none()), None
 
         def action(self, deadline, history, report):
-            if expert["held"] is None:
-                a = expert["policy"].act()
+            if self.held is None:
+                a = self.expert.act()
                 if env.task.stage(env.robot) >= 2:
-                    expert["held"] = a
+                    self.held = a
                 return a
-            return expert["held"]
+            return self.held
 
         def close(self):
             pass

@@ -177,7 +177,8 @@ def intervention_mask(segments: np.ndarray, episode_starts: np.ndarray,
 def composition_weights(sources: Sequence[Mapping[str, Any]], cfg: CompositionConfig) -> list[np.ndarray]:
     """Per-step weights for each source: {"segments": labels per step, "episode_starts": first
     step of each episode, "demo": True for the pre-training demos, "interventions": each
-    episode's intervention records (optional; for `finished_only`)}. Weights are scaled so their
+    episode's intervention records (optional; for `finished_only` and `no_recovery_after`),
+    "successes": each episode's success (optional; for `successful_rollouts`)}. Weights are scaled so their
     mean over all steps is 1."""
     table = cfg.label_table()
     base, group = [], []
@@ -194,8 +195,8 @@ def composition_weights(sources: Sequence[Mapping[str, Any]], cfg: CompositionCo
                 w = np.where(recovery_after_mask(seg, starts, records, cfg.no_recovery_after), 0.0, w)
         if not demo and cfg.successful_rollouts and src.get("successes") is not None:
             w = np.where(clean_success_mask(seg, starts, src["successes"], records), 1.0, w)
-        g = np.full(len(seg), "demo" if src.get("demo", False) else "policy", dtype=object)
-        if not src.get("demo", False):
+        g = np.full(len(seg), "demo" if demo else "policy", dtype=object)
+        if not demo:
             g[np.isin(seg, OPERATOR_LABELS)] = "intervention"
         base.append(w)
         group.append(g)
