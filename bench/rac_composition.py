@@ -13,6 +13,10 @@ Variants (pick with --variants):
     all_recovery        every takeover's recovery trains, the dead ends' letting go included
     corrections         no recovery at all (mode=corrections)
     all_recovery_80     all_recovery with 80% of each batch from the demos: too much weight on the round?
+    rac_80              rac with 80% of each batch from the demos: do the round's grasps and lifts dilute the
+                        demos' late stages?
+    rac_no_dead_ends    rac without any operator step after a dead-end takeover (composition.no_intervention_after):
+                        do its re-grips help or hurt?
     all_recovery_fresh  all_recovery retrained from fresh weights with the pre-training's steps and lr
 
     python bench/rac_composition.py --checkpoint CKPT --round-data OUT/rac/data [--variants control,rac,all_recovery]
@@ -50,6 +54,8 @@ VARIANTS = {  # name -> (composition overrides, retrain from fresh weights, uses
     "rac_successes": ({"mode": "rac", "successful_rollouts": True}, False, True),
     "corrections": ({"mode": "corrections"}, False, True),
     "all_recovery_80": ({"mode": "rac", "demo_share": 0.8, **EVERY}, False, True),
+    "rac_80": ({"mode": "rac", "demo_share": 0.8}, False, True),
+    "rac_no_dead_ends": ({"mode": "rac", "no_intervention_after": ["dead end"]}, False, True),
     "all_recovery_fresh": ({"mode": "rac", **EVERY}, True, True),
 }
 

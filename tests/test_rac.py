@@ -143,6 +143,9 @@ def test_no_recovery_after_masks_only_that_takeovers_recovery():
     assert composition_weights([demo, src], CompositionConfig(mode="rac"))[1].tolist() == w.tolist()  # the default
     _, w_off = composition_weights([demo, src], CompositionConfig(mode="rac", no_recovery_after=[]))
     assert w_off[6:8].min() > 0
+    _, w_none = composition_weights([demo, src], CompositionConfig(mode="rac", no_intervention_after="dead end"))
+    assert w_none[6:10].max() == 0  # the dead end's recovery and its correction are both out
+    assert w_none[15:20].min() > 0  # the misaligned grasp's intervention still trains
 
 
 def test_successful_rollouts_train_only_the_policys_clean_successes():

@@ -19,6 +19,8 @@ pre-training demos and the intervention episodes. Three groups of steps:
 `no_recovery_after` masks the recovery of takeovers by their reason: ["dead end"], the default, keeps what the
 operator's corrections after a dead end teach and drops its letting go of a lifted part (which a
 camera policy may not tell from a good grip; docs/results.md, "RaC rounds on camera Insertion").
+`no_intervention_after` masks whole interventions by their takeover reason, recovery and correction:
+the ablation that asks whether what the operator did after such a takeover helps at all.
 
 `successful_rollouts` also trains the policy's own steps in the rollouts it finished without a
 takeover (RaC as a secondary summary describes it): the round's finished insertions.
@@ -66,6 +68,7 @@ class CompositionConfig:
     pre_takeover_weight: float = 0.0
     finished_only: bool = True              # operator steps of unfinished corrections weigh 0
     no_recovery_after: Sequence[str] = ("dead end",)  # takeover reasons (prefixes) whose recovery weighs 0
+    no_intervention_after: Sequence[str] = ()  # takeover reasons (prefixes) whose operator steps all weigh 0
     successful_rollouts: bool = False       # the policy's own steps in rollouts it finished with no takeover train
 
     def __post_init__(self) -> None:
@@ -75,9 +78,9 @@ class CompositionConfig:
             self.intervention_share = 0.5 if self.intervention_share is None else self.intervention_share
             self.pre_takeover_steps = 15 if self.pre_takeover_steps is None else self.pre_takeover_steps
         self.pre_takeover_steps = int(self.pre_takeover_steps or 0)
-        if isinstance(self.no_recovery_after, str):
-            self.no_recovery_after = (self.no_recovery_after,)
-        self.no_recovery_after = tuple(str(r) for r in self.no_recovery_after or ())
+        for name in ("no_recovery_after", "no_intervention_after"):
+            reasons = getattr(self, name)
+            setattr(self, name, (reasons,) if isinstance(reasons, str) else tuple(str(r) for r in reasons or ()))
         for name in ("demo_share", "intervention_share"):
             v = getattr(self, name)
             if v is not None and not 0.0 <= v <= 1.0:
@@ -139,6 +142,15 @@ def recovery_after_mask(segments: np.ndarray, episode_starts: np.ndarray,
                              lambda rec: str(rec.get("reason", "")).startswith(prefixes), (int(Segment.RECOVERY),))
 
 
+def intervention_after_mask(segments: np.ndarray, episode_starts: np.ndarray,
+                            interventions: Sequence[Sequence[Mapping[str, Any]]], reasons: Sequence[str]) -> np.ndarray:
+    """True on every operator step (recovery and correction) of each intervention whose takeover
+    reason starts with one of `reasons`."""
+    prefixes = tuple(reasons)
+    return intervention_mask(segments, episode_starts, interventions,
+                             lambda rec: str(rec.get("reason", "")).startswith(prefixes), OPERATOR_LABELS)
+
+
 def clean_success_mask(segments: np.ndarray, episode_starts: np.ndarray, successes: Sequence[bool],
                        interventions: Sequence[Sequence[Mapping[str, Any]]] | None) -> np.ndarray:
     """True on the POLICY steps of each episode the policy finished with no takeover."""
@@ -177,7 +189,8 @@ def intervention_mask(segments: np.ndarray, episode_starts: np.ndarray,
 def composition_weights(sources: Sequence[Mapping[str, Any]], cfg: CompositionConfig) -> list[np.ndarray]:
     """Per-step weights for each source: {"segments": labels per step, "episode_starts": first
     step of each episode, "demo": True for the pre-training demos, "interventions": each
-    episode's intervention records (optional; for `finished_only` and `no_recovery_after`),
+    episode's intervention records (optional; for `finished_only`, `no_recovery_after` and
+    `no_intervention_after`),
     "successes": each episode's success (optional; for `successful_rollouts`)}. Weights are scaled so their
     mean over all steps is 1."""
     table = cfg.label_table()
@@ -193,6 +206,8 @@ def composition_weights(sources: Sequence[Mapping[str, Any]], cfg: CompositionCo
                 w = np.where(unfinished_mask(seg, starts, records), 0.0, w)
             if cfg.no_recovery_after:
                 w = np.where(recovery_after_mask(seg, starts, records, cfg.no_recovery_after), 0.0, w)
+            if cfg.no_intervention_after:
+                w = np.where(intervention_after_mask(seg, starts, records, cfg.no_intervention_after), 0.0, w)
         if not demo and cfg.successful_rollouts and src.get("successes") is not None:
             w = np.where(clean_success_mask(seg, starts, src["successes"], records), 1.0, w)
         g = np.full(len(seg), "demo" if demo else "policy", dtype=object)
