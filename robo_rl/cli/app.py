@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import logging
 import sys
-from pathlib import Path
 from typing import Callable
 
 from omegaconf import DictConfig
 
+from robo_rl.assets import asset_dir
 from robo_rl.errors import RoboRLError
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+CONFIG_DIR = asset_dir("configs")
 EXIT_USER_ERROR = 2
 
 
@@ -25,8 +25,8 @@ def run_app(verb: str, config_name: str, task: Callable[[DictConfig], int | None
     import hydra
 
     if not (CONFIG_DIR / f"{config_name}.yaml").is_file():
-        print(f"error: config {config_name}.yaml not found in {CONFIG_DIR}; install robo_rl editable from its checkout "
-              f"(pip install -e .)", file=sys.stderr)
+        print(f"error: config {config_name}.yaml not found in {CONFIG_DIR}; reinstall robo_rl from its checkout "
+              f"(pip install . or pip install -e .)", file=sys.stderr)
         return EXIT_USER_ERROR
     result: dict[str, int] = {"code": 0}
 

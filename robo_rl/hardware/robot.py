@@ -21,9 +21,10 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import yaml
 
+from robo_rl.assets import asset_dir
 from robo_rl.errors import ConfigError
 
-HARDWARE_DIR = Path(__file__).resolve().parents[2] / "hardware"
+HARDWARE_DIR = asset_dir("hardware")
 
 
 def read_robot_yaml(robot: str | Path) -> tuple[Path, dict]:

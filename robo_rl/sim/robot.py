@@ -12,12 +12,13 @@ from typing import Sequence
 import mujoco
 import numpy as np
 
+from robo_rl.assets import asset_dir
 from robo_rl.data.codecs import resize_rgb
 from robo_rl.errors import INSTALL_GL, ConfigError, RoboRLError
 from robo_rl.hardware.robot import Observation, RobotSpec
 from robo_rl.sim.room import Room, RoomControl, add_distractor
 
-SIM_DIR = Path(__file__).resolve().parents[2] / "sim"
+SIM_DIR = asset_dir("sim")
 # The twin's camera frames are rendered at this many times their size and area-averaged down, as
 # a real sensor integrates light over each pixel (1: point samples, where a small object moves in
 # whole-pixel jumps, about 1 cm of table per pixel on the top camera at 96x96). 1 stays the
