@@ -56,21 +56,16 @@ def test_the_loop_keeps_its_rate_while_the_policy_thinks_and_drops_late_actions(
     recorded = []
     ctl = Controller(robot, predict, ControllerConfig(hz=50, record_hz=25),
                      on_record=lambda obs, cmd: recorded.append(cmd))
-    t = time.monotonic()
     rep = ctl.run(2.0)
-    wall = time.monotonic() - t
-    s = rep.summary()
-    # the ticks themselves span 2 s (99 periods); the wall time also holds the loop's start (a
-    # garbage collection before the first tick, which a long test session makes slower)
-    ticking = sum(rep.period_ms) / 1000
-    assert rep.ticks == 100 and 1.9 < ticking < 2.2 and wall < 4.0, (ticking, wall)
-    assert abs(s["period_p50_ms"] - 20.0) < 2.0, s
+    s, ticking = rep.summary(), sum(rep.period_ms) / 1000  # the ticks' own span (99 periods)
     # inference (35 ms) is longer than a tick, so every chunk lost its first 1-2 actions, yet the
-    # loop never waited for it: ticks stayed on schedule
+    # loop never waited for it: a loop that waited would drop none. (How close the ticks keep to
+    # 20 ms is timing, measured by bench/hardware.py (a), not asserted on a shared CI machine.)
+    assert rep.ticks == 100 and len(rep.period_ms) == 99
     assert rep.chunks >= 5 and rep.dropped_actions >= rep.chunks
     # and every chunk missed its deadline (the tick after its request): counted, not silent
     assert rep.late_chunks == rep.chunks and s["late_chunks"] == rep.chunks
-    assert all(33 < ms < 200 for ms in rep.inference_ms)
+    assert all(ms > 33 for ms in rep.inference_ms)  # each prediction's own 35 ms, measured
     # recording runs on its own clock: 25 Hz over the ticks' span (a late tick lets the next ones
     # catch up on the record points it passed, so a stall can add one or two)
     assert 49 <= rep.recorded <= int(ticking / 0.04) + 2 and len(recorded) == rep.recorded, (rep.recorded, ticking)
@@ -150,11 +145,10 @@ def test_an_estop_from_another_thread_ends_the_run(robot):
         stop.trip("operator pressed space")
 
     threading.Thread(target=operator, daemon=True).start()
-    t = time.monotonic()
     rep = Controller(OnNthCommand(robot, 10, running.set), predict, ControllerConfig(hz=50), estop=stop).run(5.0)
     assert rep.stopped_reason == "e-stop: operator pressed space"
-    # the trip lands a tick or a few after the 10th command; the run never goes on to its 5 s
-    assert 10 <= rep.ticks <= 40 and time.monotonic() - t < 4.0, (rep.ticks, time.monotonic() - t)
+    # the trip lands a tick or a few after the 10th command; the run never goes on to its 5 s (250 ticks)
+    assert 10 <= rep.ticks <= 40, rep.ticks
 
 
 def test_bad_controller_config_is_a_one_line_error(robot):

@@ -100,6 +100,8 @@ def test_episode_store_in_the_twin_with_online_finetuning(tmp_path):
     online = json.loads((run / "online.json").read_text())
     assert online["env_steps"] == 20 and online["updates"] == 40 and online["utd_achieved"] == 2.0
     res = json.loads((run / "results.json").read_text())
-    assert "reach_lifted_by_right" in res["final_eval"] and res["online"]["episodes"] >= 0
+    assert "reach_lifted_by_right" in res["final_eval"] and res["online"]["episodes"] == online["episodes"]
+    # utd-fit reads the curve: its last point is the final evaluation, after all 20 env steps
+    assert res["online"]["curve"][-1] == [20, res["online"]["success_rate"]]
     bad = robo_rl_cli("offline-rl", "agent=fql", f"dataset={demos}", "reward=stage", "steps=1", f"run_dir={tmp_path / 'x'}")
     assert bad.returncode == 2 and "stage" in bad.stderr and "Traceback" not in bad.stderr
