@@ -37,7 +37,9 @@ from robo_rl.hardware.safety import SafetyConfig, SafetyFilter, Watchdog  # noqa
 from robo_rl.policies import load_policy, read_checkpoint  # noqa: E402
 from robo_rl.policies.common import predictor  # noqa: E402
 from robo_rl.policies.rtc import RtcPredictor  # noqa: E402
-from robo_rl.runtime.controller import Controller, ControllerConfig, observation_window  # noqa: E402
+from robo_rl.runtime.controller import Controller  # noqa: E402
+from robo_rl.runtime.episodes import ControllerConfig  # noqa: E402
+from robo_rl.runtime.sources import observation_window  # noqa: E402
 from robo_rl.sim.envs import BimanualEnv, TaskTwin  # noqa: E402
 from robo_rl.sim.rollout import wilson_interval  # noqa: E402
 

@@ -12,7 +12,8 @@ from conftest import OnNthCommand
 
 from robo_rl.errors import ConfigError
 from robo_rl.hardware.safety import EStop, SafetyConfig, SafetyFilter
-from robo_rl.runtime.controller import Controller, ControllerConfig
+from robo_rl.runtime.controller import Controller
+from robo_rl.runtime.episodes import ControllerConfig
 from robo_rl.sim.robot import SimRobot
 
 

@@ -349,9 +349,8 @@ def test_a_correction_that_finishes_the_task_is_labelled_task_done_not_cut_short
     # The twin's episode ends on success, before the operator's done-hold: a correction that
     # finished the whole task must not read as one the time limit cut short (which weighs 0).
     from robo_rl.rac.intervention import TASK_DONE, UNFINISHED_ENDINGS
-    from robo_rl.runtime.controller import ControllerConfig
-    from robo_rl.runtime.episodes import Episode, PerRobot, run_episodes
-    from robo_rl.runtime.sources import Interventions
+    from robo_rl.runtime.episodes import ControllerConfig, Episode, run_episodes
+    from robo_rl.runtime.sources import Interventions, PerRobot
     from robo_rl.sim.envs import TaskTwin
 
     env = BimanualEnv("transfer_cube", max_steps=600)  # room for a 3-s patience after the hand-over

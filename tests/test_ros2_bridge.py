@@ -19,7 +19,8 @@ from robo_rl.hardware.ros2.dds import DdsTransport
 from robo_rl.hardware.ros2.messages import JointState, JointTrajectory
 from robo_rl.hardware.ros2.robot import Ros2Robot
 from robo_rl.hardware.safety import SafetyConfig, SafetyFilter, Watchdog
-from robo_rl.runtime.controller import Controller, ControllerConfig
+from robo_rl.runtime.controller import Controller
+from robo_rl.runtime.episodes import ControllerConfig
 
 
 def domain() -> int:

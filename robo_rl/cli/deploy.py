@@ -115,8 +115,8 @@ def run(cfg: DictConfig) -> int:
     from robo_rl.cli.session import check_live_view, open_live_view, print_live_summary
     from robo_rl.hardware.safety import EStop, SafetyConfig, SafetyFilter, Watchdog
     from robo_rl.policies import load_policy, read_checkpoint
-    from robo_rl.runtime.controller import observation_window
     from robo_rl.runtime.episodes import run_episodes
+    from robo_rl.runtime.sources import as_sources, observation_window
 
     if not cfg.checkpoint:
         raise ConfigError("deploy: pass checkpoint=PATH (a policy trained with robo-rl train)")
@@ -177,7 +177,7 @@ def run(cfg: DictConfig) -> int:
               "Ctrl-C stops)", flush=True)
         session = DeploySession(cfg, robot, client, episodes, float(duration),
                                 lambda: (SafetyFilter(robot.spec, safety_cfg), Watchdog(safety_cfg)), live)
-        report = run_episodes([robot], predict, ctl_cfg, session, estop=estop)
+        report = run_episodes([robot], as_sources(predict, ctl_cfg), ctl_cfg, session, estop=estop)
         outcomes = session.outcomes
     finally:
         if keys is not None:

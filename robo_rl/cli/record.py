@@ -68,9 +68,7 @@ class Policy:
     def sources(self, operator: Any, ctl_cfg: Any, stage: Any, mode: str) -> Any:
         """The RaC protocol's source, the one the twin's intervention collection runs."""
         from robo_rl.rac.intervention import InterventionConfig, InterventionController
-        from robo_rl.runtime.controller import PolicyChunks
-        from robo_rl.runtime.episodes import PerRobot
-        from robo_rl.runtime.sources import Interventions
+        from robo_rl.runtime.sources import Interventions, PerRobot, PolicyChunks
 
         return Interventions(PerRobot([PolicyChunks(self.predict, ctl_cfg)]),
                              [InterventionController(operator, InterventionConfig(mode))], [stage])
@@ -179,9 +177,8 @@ class RecordSession:
 def run(cfg: DictConfig) -> int:
     from robo_rl.data.recorder import Recorder
     from robo_rl.data.store import DEFAULT_IMAGE_CODEC
-    from robo_rl.runtime.controller import ControllerConfig, observation_window
-    from robo_rl.runtime.episodes import PerRobot, run_episodes
-    from robo_rl.runtime.sources import OperatorCommands
+    from robo_rl.runtime.episodes import ControllerConfig, run_episodes
+    from robo_rl.runtime.sources import OperatorCommands, PerRobot, observation_window
     from robo_rl.sim.teleop import TeleopOperator
 
     if not cfg.out:

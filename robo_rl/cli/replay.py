@@ -137,7 +137,8 @@ def replay_on_robot(cfg: DictConfig, store: EpisodeStore) -> int:
     approach from where the arms are to the first recorded command, then the recording. Reports
     per joint how far the robot now is from where it was then (obs/qpos), and the timing table."""
     from robo_rl.cli.session import SessionKeys, close_session, listen_estop, open_robot, safety_for, timing_rows
-    from robo_rl.runtime.controller import Controller, ControllerConfig
+    from robo_rl.runtime.controller import Controller
+    from robo_rl.runtime.episodes import ControllerConfig
     from robo_rl.runtime.sources import RecordedActions
 
     with store:

@@ -312,7 +312,7 @@ def value_guided(predict: Any, path: str | Path, samples: int, policy: Any, task
 def controller_config(policy: Any, chunking: dict, hz: float) -> Any:
     """The Controller's settings for a checkpoint's policy: its window and its chunk schedule
     (receding with a blend, or temporal ensembling as the checkpoint's `chunking.mode` says)."""
-    from robo_rl.runtime.controller import ControllerConfig
+    from robo_rl.runtime.episodes import ControllerConfig
 
     return ControllerConfig(hz=hz, n_obs=policy.config.n_obs,
                             n_action_steps=int(chunking.get("n_action_steps", policy.config.n_action_steps)),

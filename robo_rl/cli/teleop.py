@@ -26,7 +26,8 @@ def run(cfg: DictConfig) -> int:
     from robo_rl.cli.session import check_live_view, open_live_view, print_live_summary
     from robo_rl.data.schema import Segment
     from robo_rl.data.viewer import observation_values
-    from robo_rl.runtime.controller import Controller, ControllerConfig
+    from robo_rl.runtime.controller import Controller
+    from robo_rl.runtime.episodes import ControllerConfig
     from robo_rl.runtime.sources import OperatorCommands
     from robo_rl.sim.teleop import TeleopOperator
 

@@ -8,15 +8,17 @@
                               actually sent after clipping (what gets recorded, never the request)
     close()
 
-`Camera` (a camera read on its own, e.g. Ros2Camera) and the teleop devices' `TeleopDevice`
-(robo_rl/hardware/teleop/) are the other two protocols of the hardware layer.
+`RobotExtras` declares what some robots offer beyond that, each part optional: the episode loop
+looks once per run for what a robot has (`extras_of`). `Camera` (a camera read on its own, e.g.
+Ros2Camera) and the teleop devices' `TeleopDevice` (robo_rl/hardware/teleop/) are the other
+protocols of the hardware layer.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 import numpy as np
 import yaml
@@ -168,3 +170,54 @@ class Robot(Protocol):
     def act(self, action: np.ndarray) -> np.ndarray: ...
 
     def close(self) -> None: ...
+
+
+@dataclass
+class Outcome:
+    """What a robot that knows its task (the twin) says after a step."""
+    stage: int
+    max_stage: int
+    success: bool          # the task is done now
+    truncated: bool        # the task's time limit is reached
+    disturbed: bool = False  # the task's disturbance struck this episode (PackCube: the cube slipped)
+
+
+class RobotExtras(Protocol):
+    """What some robots offer beyond Robot, and the episode loop uses where a robot has it. Each
+    part is optional; `extras_of` looks them up once."""
+
+    last_update: float | None  # a robot fed by messages: when its newest joint state arrived (monotonic)
+
+    def wait_for_fresh(self, since: float, timeout_s: float = 2.0) -> bool:
+        """Wait until joint states (and the cameras that stream) newer than `since` have arrived."""
+        ...
+
+    def fault(self) -> str | None:
+        """Why the robot must not be commanded now (ROS 2: another writer on its command topic), or None."""
+        ...
+
+    def not_following_hint(self) -> str:
+        """The robot's own advice when it does not follow its commands (e.g. the topics they went to)."""
+        ...
+
+    def outcome(self) -> Outcome:
+        """A robot that knows its task (the twin): where the episode stands after the last step."""
+        ...
+
+
+@dataclass(frozen=True)
+class Extras:
+    """The parts of RobotExtras one robot has (None: it has not)."""
+    last_update: Callable[[], float | None] | None
+    wait_for_fresh: Callable[..., bool] | None
+    fault: Callable[[], str | None] | None
+    not_following_hint: Callable[[], str] | None
+    outcome: Callable[[], Outcome] | None
+
+
+def extras_of(robot: Any) -> Extras:
+    """What `robot` has of RobotExtras, looked up once (the loop does not ask every tick)."""
+    return Extras(last_update=(lambda: robot.last_update) if hasattr(robot, "last_update") else None,
+                  wait_for_fresh=getattr(robot, "wait_for_fresh", None), fault=getattr(robot, "fault", None),
+                  not_following_hint=getattr(robot, "not_following_hint", None),
+                  outcome=getattr(robot, "outcome", None))

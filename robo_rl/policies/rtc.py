@@ -25,7 +25,7 @@ d = 12: the guided chunk's first 12 actions were 0.02-0.09 rad from the old ones
 chunk's 0.02-0.14. So the weights are applied once more to the result (soft inpainting): the
 frozen actions become exactly the old ones, and the soft part is w_i * old + (1 - w_i) * new.
 
-The delay d comes from measured inference latency (runtime/controller.py), not a setting.
+The delay d comes from measured inference latency (runtime/sources.py, PolicyChunks), not a setting.
 This runs in eager mode with autograd: about 2-3x one plain chunk on a CPU.
 """
 

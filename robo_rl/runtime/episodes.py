@@ -2,20 +2,25 @@
 
     run_episodes(robots, sources, config, hooks, lockstep=...)
 
-- `robots`: one or more Robots (robo_rl.hardware.robot.Robot: `observe()`, `act()`). A robot
-  that also knows its task (the twin's TaskTwin) says after each step where the episode stands
-  (`outcome()`: stage, success, time limit); a real robot does not, and its episodes end by
-  time, by the source (RaC's END, a playback done) or by the caller's `stop`.
-- `sources`: who commands each robot (`Sources` below). A policy in lockstep (`LockstepChunks`:
-  one batched network call per tick for every robot that needs a new chunk), a policy thinking in
-  its own thread (runtime.controller.PolicyChunks), a human (runtime.sources.OperatorCommands),
-  a recording (RecordedActions), or a policy with a human who may take over
-  (runtime.sources.Interventions: the RaC protocol, each step labelled).
+- `robots`: one or more Robots (robo_rl.hardware.robot.Robot: `observe()`, `act()`), each with
+  what it has of `RobotExtras` (looked up once per run). A robot that also knows its task (the
+  twin's TaskTwin) says after each step where the episode stands (`outcome()`: stage, success,
+  time limit); a real robot does not, and its episodes end by time, by the source (RaC's END, a
+  playback done) or by the caller's `stop`.
+- `sources`: who commands each robot (`Sources` below; every kind is in robo_rl/runtime/sources.py).
+  A policy in lockstep (`LockstepChunks`: one batched network call per tick for every robot that
+  needs a new chunk), a policy thinking in its own thread (`PolicyChunks`), a human
+  (`OperatorCommands`), a recording (`RecordedActions`), or a policy with a human who may take
+  over (`Interventions`: the RaC protocol, each step labelled). `as_sources` makes Sources of one
+  robot's source or of a bare `predict`.
 - `hooks`: the caller's side (`EpisodeHooks`): which episode starts next on robot i (the
   twin's scene, the time limit, the safety filter), what to do with each recorded step, and
   each episode's end.
-- the clock: real time (absolute deadlines t0 + k / hz, spin before each; late ticks counted)
-  or `lockstep` (virtual time, no waiting: the twin as fast as it steps).
+- the clock: real time or `lockstep` (virtual time, no waiting: the twin as fast as it steps).
+  Real time ticks at `hz` against absolute deadlines (t0 + k / hz), so a late tick never shifts
+  the ones after it; the loop sleeps until just before a deadline and spins the rest. Recording
+  (`hooks.step`) runs on its own clock at `record_hz`, so a dataset is written at its declared
+  fps whatever the command rate.
 
 Each tick, for each robot running an episode: stop checks (e-stop, the caller's stop), observe,
 the robot's own fault check (`fault()`, where it has one: a ROS 2 arm with a second writer on
@@ -26,7 +31,8 @@ evaluation keeps all its envs busy), or goes idle; the loop ends when every robo
 
 Evaluation (robo_rl/sim/rollout.py), intervention collection (robo_rl/sim/interventions.py),
 critic rollouts (robo_rl/sim/critic_data.py), `robo-rl record`, `deploy`, `teleop` and `replay`
-(through runtime.controller.Controller) all run here.
+(through runtime.controller.Controller) all run here. The loop's config (`ControllerConfig`) and
+its report (`ControllerReport`: the timing table, the counts of every stop) are here too.
 """
 
 from __future__ import annotations
@@ -35,29 +41,108 @@ import gc
 import sys
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
 from robo_rl.data.schema import IMAGE_PREFIX, Segment
 from robo_rl.errors import ConfigError
+from robo_rl.hardware.robot import Outcome, extras_of
 from robo_rl.hardware.safety import TrackingMonitor
-from robo_rl.runtime.chunking import ChunkExecutor, ChunkingConfig
-from robo_rl.runtime.controller import ControllerConfig, ControllerReport, PolicyChunks, wait_until
+
+
+# ---------------------------------------------------------------------- the loop's config and report
+@dataclass
+class ControllerConfig:
+    hz: float = 50.0                 # command rate
+    record_hz: float | None = None   # recording rate (None: the command rate)
+    n_obs: int = 2                   # observation frames per policy window
+    n_action_steps: int = 8          # predict again when this many actions or fewer are left
+    blend_steps: int = 4             # hand-over ramp (ticks); unused with rtc
+    rtc: bool = False                # real-time chunking: the predictor takes (window, previous, delay)
+    rtc_latency_window: int = 5      # rtc: the delay is the slowest of the last this many inferences
+    # ACT's temporal ensembling: a chunk as often as inference allows (at most every query_every
+    # ticks), each tick's command the mean of every chunk covering it, the i-th oldest weighted
+    # exp(-ensemble_decay * i); n_action_steps and blend_steps are then unused
+    ensemble: bool = False
+    query_every: int = 1
+    ensemble_decay: float = 0.01
+    spin_s: float = 0.002            # busy-wait this long before each deadline (sleep is coarse)
+
+    def validate(self) -> None:
+        if self.hz <= 0 or (self.record_hz is not None and not 0 < self.record_hz <= self.hz):
+            raise ConfigError(f"controller: hz={self.hz}, record_hz={self.record_hz}; need hz > 0 and 0 < record_hz <= hz")
+        if self.n_obs < 1 or self.n_action_steps < 1 or self.blend_steps < 0:
+            raise ConfigError("controller: n_obs and n_action_steps must be >= 1, blend_steps >= 0")
+        if self.ensemble and (self.rtc or self.query_every < 1):
+            raise ConfigError("controller: temporal ensembling needs query_every >= 1 and does not combine with rtc "
+                              "(rtc makes each chunk agree with the one running instead of averaging them)")
+
+
+@dataclass
+class ControllerReport:
+    ticks: int = 0
+    period_ms: list[float] = field(default_factory=list)
+    overruns: int = 0                 # ticks that started more than one period late
+    inference_ms: list[float] = field(default_factory=list)
+    chunks: int = 0
+    dropped_actions: int = 0          # actions whose time passed before their chunk arrived
+    late_chunks: int = 0              # chunks that missed their deadline: not there by the tick after their request
+    missing_actions: int = 0          # ticks with no action due (no chunk yet, or a chunk ran out): held
+    handover_jumps: list[float] = field(default_factory=list)  # per hand-over: the largest joint change (rad) that tick
+    recorded: int = 0
+    watchdog_holds: int = 0
+    watchdog_stops: int = 0
+    tracking_stops: int = 0           # runs stopped because the robot did not follow its commands
+    stopped_reason: str = ""
+    interrupted: bool = False         # Ctrl-C ended the run (a normal way to stop teleop)
+    safety: dict[str, int] = field(default_factory=dict)
+
+    def add(self, other: "ControllerReport") -> "ControllerReport":
+        """Fold in the report of a later run (the next episode): counts add up, samples join."""
+        for f in fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if isinstance(mine, list):
+                mine.extend(theirs)
+            elif isinstance(mine, dict):
+                for k, v in theirs.items():
+                    mine[k] = mine.get(k, 0) + v
+            elif isinstance(mine, bool):
+                setattr(self, f.name, mine or theirs)
+            elif isinstance(mine, int):
+                setattr(self, f.name, mine + theirs)
+            elif theirs:  # the stop reason: the latest
+                setattr(self, f.name, theirs)
+        return self
+
+    def summary(self) -> dict[str, Any]:
+        def pct(x: list[float], q: float) -> float:
+            return float(np.percentile(x, q)) if x else float("nan")
+
+        return {"ticks": self.ticks, "period_p50_ms": pct(self.period_ms, 50), "period_p99_ms": pct(self.period_ms, 99),
+                "period_max_ms": max(self.period_ms, default=float("nan")), "overruns": self.overruns,
+                "inference_p50_ms": pct(self.inference_ms, 50), "inference_p99_ms": pct(self.inference_ms, 99),
+                "chunks": self.chunks, "late_chunks": self.late_chunks, "dropped_actions": self.dropped_actions,
+                "missing_actions": self.missing_actions,
+                "handover_jump_max": max(self.handover_jumps, default=0.0),
+                "recorded": self.recorded, "watchdog_holds": self.watchdog_holds,
+                "watchdog_stops": self.watchdog_stops, "tracking_stops": self.tracking_stops,
+                "stopped_reason": self.stopped_reason,
+                "interrupted": self.interrupted, **self.safety}
+
+
+def wait_until(deadline: float, spin_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+    """Sleep to just before `deadline` (sleep wakes late by up to a millisecond or so), then spin."""
+    remaining = deadline - clock()
+    if remaining > spin_s:
+        time.sleep(remaining - spin_s)
+    while clock() < deadline:
+        pass
+
 
 
 # ---------------------------------------------------------------------- what the loop is told
-@dataclass
-class Outcome:
-    """What a robot that knows its task (the twin) says after a step."""
-    stage: int
-    max_stage: int
-    success: bool          # the task is done now
-    truncated: bool        # the task's time limit is reached
-    disturbed: bool = False  # the task's disturbance struck this episode (PackCube: the cube slipped)
-
-
 @dataclass
 class Episode:
     """An episode about to start on one robot, as the caller's `start` hook describes it."""
@@ -122,94 +207,6 @@ def store_step(obs: Any, executed: np.ndarray, cameras: Sequence[str]) -> dict[s
     return step
 
 
-# ---------------------------------------------------------------------- sources
-class PerRobot:
-    """Single-robot action sources (each with `action(deadline, history, report)`, and optionally
-    `segment`, `ended`, `latencies`), one per robot, as Sources."""
-
-    asynchronous = True  # a thread-predicting policy: ask it every tick, it answers when ready
-
-    def __init__(self, sources: Sequence[Any]):
-        self.sources = list(sources)
-
-    def begin(self, i: int) -> None:
-        begin = getattr(self.sources[i], "begin", None)
-        if begin is not None:
-            begin()
-
-    def actions(self, deadline, histories, reports):
-        return {i: self.sources[i].action(deadline, h, reports[i]) for i, h in histories.items()}
-
-    def segment(self, i: int) -> Segment:
-        return getattr(self.sources[i], "segment", Segment.POLICY)
-
-    def ended(self, i: int) -> bool:
-        return bool(getattr(self.sources[i], "ended", False))
-
-    def end(self, i: int, task_done: bool) -> None:
-        pass
-
-    def latencies(self) -> list[float]:
-        return [x for s in self.sources if hasattr(s, "latencies") for x in s.latencies()]
-
-    def close(self) -> None:
-        for s in self.sources:
-            s.close()
-
-
-class LockstepChunks:
-    """A policy for robots stepped in lockstep: one batched `predict(window) -> (B, H, A)` call per
-    tick for the robots whose chunk schedule (ChunkExecutor) needs a new chunk, on windows of
-    `keys` from the loop's history padded with the episode's first observation (as the sampler pads)."""
-
-    asynchronous = False  # computed in the tick: a robot it was not asked for replans when it comes back
-
-    def __init__(self, predict: Callable[[Mapping[str, np.ndarray]], np.ndarray], chunking: ChunkingConfig,
-                 horizon: int, n_robots: int, keys: Sequence[str], n_obs: int):
-        self.predict, self.keys, self.n_obs = predict, list(keys), n_obs
-        self.execs = [ChunkExecutor(chunking, horizon) for _ in range(n_robots)]
-
-    def begin(self, i: int) -> None:
-        self.execs[i].reset()
-
-    def actions(self, deadline, histories, reports):
-        need = [i for i in histories if self.execs[i].needs_prediction()]
-        if need:
-            windows = [[histories[i][0]] * (self.n_obs - len(histories[i])) + histories[i] for i in need]
-            batch = {k: np.stack([np.stack([observation_value(o, k) for o in w]) for w in windows]) for k in self.keys}
-            for chunk, i in zip(self.predict(batch), need):
-                self.execs[i].push(chunk)
-                reports[i].chunks += 1
-        return {i: self.execs[i].next().astype(np.float32) for i in histories}
-
-    def segment(self, i: int) -> Segment:
-        return Segment.POLICY
-
-    def ended(self, i: int) -> bool:
-        return False
-
-    def end(self, i: int, task_done: bool) -> None:
-        pass
-
-    def latencies(self) -> list[float]:
-        return []
-
-    def close(self) -> None:
-        pass
-
-
-def as_sources(source: Any, config: ControllerConfig, n_robots: int = 1,
-               make_window: Callable[[list[Any]], dict[str, np.ndarray]] | None = None) -> Any:
-    """Sources from what a caller has: Sources as they are; one robot's action source (`action`);
-    or a bare `predict(window)` function, which becomes a thread-predicting PolicyChunks."""
-    if callable(getattr(source, "actions", None)):  # (RecordedActions keeps its recording in `.actions`)
-        return source
-    if hasattr(source, "action"):
-        return PerRobot([source])
-    kwargs = {} if make_window is None else {"make_window": make_window}
-    return PerRobot([PolicyChunks(source, config, **kwargs) for _ in range(n_robots)])
-
-
 # ---------------------------------------------------------------------- the loop
 @dataclass
 class _Running:
@@ -229,7 +226,10 @@ def run_episodes(robots: Sequence[Any], sources: Any, config: ControllerConfig, 
     watchdog or tracking stop, or Ctrl-C ends the run); returns the whole run's report (every
     episode's added up; `hooks.end` had each one's)."""
     config.validate()
-    sources = as_sources(sources, config, len(robots))
+    if not callable(getattr(sources, "actions", None)):
+        raise TypeError(f"run_episodes: sources must be Sources (runtime/sources.py as_sources makes them), got "
+                        f"{type(sources).__name__}")
+    extras = [extras_of(robot) for robot in robots]  # what each robot offers beyond Robot, looked up once
     period = 1.0 / config.hz
     record_period = 1.0 / (config.record_hz or config.hz)
     total = ControllerReport()
@@ -278,10 +278,9 @@ def run_episodes(robots: Sequence[Any], sources: Any, config: ControllerConfig, 
         # heap), and the watchdog stopped the first tick. Let its message threads catch up first;
         # a robot that has really gone quiet still meets the watchdog at the first tick.
         collected = time.monotonic()  # the robots' clock (`last_update`), whatever `clock` is
-        for robot in robots:
-            wait_for_fresh = getattr(robot, "wait_for_fresh", None)
-            if wait_for_fresh is not None:
-                wait_for_fresh(collected, timeout_s=0.5)
+        for extra in extras:
+            if extra.wait_for_fresh is not None:
+                extra.wait_for_fresh(collected, timeout_s=0.5)
     try:
         for i in range(len(robots)):
             start(i, 0.0)
@@ -318,14 +317,14 @@ def run_episodes(robots: Sequence[Any], sources: Any, config: ControllerConfig, 
                 obs = robots[i].observe()
                 run.history.append(obs)
                 # a robot that must not be commanded on (ROS 2: another writer on its command topic)
-                fault = robots[i].fault() if hasattr(robots[i], "fault") else None
+                fault = extras[i].fault() if extras[i].fault is not None else None
                 if fault:
                     run.report.stopped_reason = fault
                     finish(i)
                     continue
                 lost = None if run.tracking is None else run.tracking.check(obs.qpos, run.command, now)
                 if lost is not None:
-                    hint = getattr(robots[i], "not_following_hint", None)
+                    hint = extras[i].not_following_hint
                     run.report.tracking_stops += 1
                     run.report.stopped_reason = lost + (f". {hint()}" if hint is not None else "")
                     finish(i)
@@ -333,7 +332,7 @@ def run_episodes(robots: Sequence[Any], sources: Any, config: ControllerConfig, 
                 if run.episode.watchdog is not None:
                     # A robot fed by messages says when its newest joint state arrived (`last_update`,
                     # this clock); one that is read directly is always fresh.
-                    fresh = getattr(robots[i], "last_update", None)
+                    fresh = extras[i].last_update() if extras[i].last_update is not None else None
                     run.episode.watchdog.observation_received(now if fresh is None else fresh)
                 histories[i] = list(run.history)
             if histories:
@@ -358,7 +357,7 @@ def run_episodes(robots: Sequence[Any], sources: Any, config: ControllerConfig, 
                     run.command = np.asarray(robot.act(sent), dtype=np.float32)
                     run.report.ticks += 1
                     run.ticks += 1
-                    outcome = robot.outcome() if hasattr(robot, "outcome") else None
+                    outcome = extras[i].outcome() if extras[i].outcome is not None else None
                     run.outcome = outcome
                     if now >= run.next_record - 1e-6:
                         hooks.step(i, run.history[-1], run.command, sources.segment(i), outcome)

@@ -17,7 +17,7 @@ from gymnasium import spaces
 
 from robo_rl.errors import ConfigError
 from robo_rl.hardware.robot import Observation
-from robo_rl.runtime.episodes import Outcome
+from robo_rl.hardware.robot import Outcome
 from robo_rl.sim.expert import ExpertNoise, ScriptedExpert
 from robo_rl.sim.robot import SimRobot
 from robo_rl.sim.room import Room, RoomRandomizer, room_rng

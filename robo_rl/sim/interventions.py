@@ -27,9 +27,9 @@ from robo_rl.data.store import EpisodeStore
 from robo_rl.errors import ConfigError
 from robo_rl.rac.intervention import InterventionConfig, InterventionController, Operator
 from robo_rl.runtime.chunking import ChunkingConfig
-from robo_rl.runtime.controller import ControllerConfig
-from robo_rl.runtime.episodes import Episode, LockstepChunks, Outcome, run_episodes, store_step
-from robo_rl.runtime.sources import Interventions
+from robo_rl.hardware.robot import Outcome
+from robo_rl.runtime.episodes import ControllerConfig, Episode, run_episodes, store_step
+from robo_rl.runtime.sources import Interventions, LockstepChunks
 from robo_rl.sim.envs import BimanualEnv, TaskTwin
 from robo_rl.sim.room import RoomRandomizer
 from robo_rl.sim.expert import ExpertNoise

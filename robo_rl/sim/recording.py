@@ -95,13 +95,13 @@ def expert_episode(env, seed: int, noise: Any, cameras: Sequence[str] = ()) -> t
     """One scripted-expert episode from `seed`, run by the episode loop in lockstep: its store
     steps stacked per key (with the demo schema's keys), whether it succeeded, and what replay
     needs (seed, initial physics state, furthest stage)."""
-    from robo_rl.runtime.controller import ControllerConfig
-    from robo_rl.runtime.episodes import run_episodes
+    from robo_rl.runtime.episodes import ControllerConfig, run_episodes
+    from robo_rl.runtime.sources import PerRobot
     from robo_rl.sim.envs import TaskTwin
 
     twin = TaskTwin(env)
     hooks = _OneExpertEpisode(twin, seed, cameras)
-    run_episodes([twin], ExpertCommands(env, noise), ControllerConfig(hz=env.robot.spec.control_hz, n_obs=1), hooks,
+    run_episodes([twin], PerRobot([ExpertCommands(env, noise)]), ControllerConfig(hz=env.robot.spec.control_hz, n_obs=1), hooks,
                  lockstep=True)
     steps = hooks.steps
     return {k: np.stack([s[k] for s in steps]) for k in steps[0]}, hooks.success, hooks.facts

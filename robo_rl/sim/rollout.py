@@ -20,8 +20,9 @@ from robo_rl.data.schema import IMAGE_PREFIX
 from robo_rl.errors import ConfigError
 from robo_rl.hardware.robot import Observation
 from robo_rl.runtime.chunking import ChunkingConfig
-from robo_rl.runtime.controller import ControllerConfig
-from robo_rl.runtime.episodes import Episode, LockstepChunks, Outcome, run_episodes
+from robo_rl.hardware.robot import Outcome
+from robo_rl.runtime.episodes import ControllerConfig, Episode, run_episodes
+from robo_rl.runtime.sources import LockstepChunks
 from robo_rl.sim.envs import BimanualEnv, TaskTwin
 from robo_rl.sim.room import Room
 from robo_rl.sim.operator import RecoveryCounter
