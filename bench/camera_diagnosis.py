@@ -764,7 +764,7 @@ def run_shifts(args) -> None:
     takes every n-th step."""
     from robo_rl.data.schema import IMAGE_PREFIX
     from robo_rl.policies import load_policy
-    from robo_rl.policies.common import predictor
+    from robo_rl.policies.inference import predictor
     from robo_rl.sim.envs import BimanualEnv
     from robo_rl.sim.replay import load_episode, start_replay
     from robo_rl.sim.room import parse_shifts

@@ -47,7 +47,7 @@ import torch  # noqa: E402
 
 from robo_rl.hardware.safety import SafetyConfig, SafetyFilter  # noqa: E402
 from robo_rl.policies import ObsShapes, make_policy  # noqa: E402
-from robo_rl.policies.common import FrozenPredictor  # noqa: E402
+from robo_rl.policies.inference import FrozenPredictor  # noqa: E402
 from robo_rl.runtime.controller import Controller  # noqa: E402
 from robo_rl.runtime.episodes import ControllerConfig, wait_until  # noqa: E402
 from robo_rl.sim.robot import SimRobot  # noqa: E402

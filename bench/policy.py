@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import cpu_flags, cpu_kind, make_console, table  # noqa: E402
 
 from robo_rl.policies import ObsShapes, make_policy  # noqa: E402
-from robo_rl.policies.common import FrozenPredictor  # noqa: E402
+from robo_rl.policies.inference import FrozenPredictor  # noqa: E402
 from robo_rl.policies.nets import encoders  # noqa: E402
 
 LOWDIM = ObsShapes({"obs/qpos": 14, "obs/env_state": 7}, {}, 14)

@@ -41,7 +41,7 @@ from common import cpu_kind, make_console, table  # noqa: E402
 from robo_rl.learn import LearnerConfig  # noqa: E402
 from robo_rl.learn.recipes import camera_learner  # noqa: E402
 from robo_rl.policies import load_policy, read_checkpoint  # noqa: E402
-from robo_rl.policies.common import predictor  # noqa: E402
+from robo_rl.policies.inference import predictor  # noqa: E402
 from robo_rl.rac.finetune import finetune  # noqa: E402
 from robo_rl.rac.mixing import CompositionConfig  # noqa: E402
 from robo_rl.sim.evaluate import evaluate_with_recoveries  # noqa: E402

@@ -31,7 +31,7 @@ from common import cpu_kind, make_console, table  # noqa: E402
 
 from robo_rl.data.store import EpisodeStore  # noqa: E402
 from robo_rl.policies import load_policy, read_checkpoint  # noqa: E402
-from robo_rl.policies.common import predictor  # noqa: E402
+from robo_rl.policies.inference import predictor  # noqa: E402
 from robo_rl.runtime.chunking import ChunkingConfig  # noqa: E402
 from robo_rl.sim.evaluate import seeded_noise  # noqa: E402
 from robo_rl.sim.interventions import collect_interventions  # noqa: E402

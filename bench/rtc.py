@@ -35,7 +35,7 @@ from common import cpu_flags, make_console, table  # noqa: E402
 
 from robo_rl.hardware.safety import SafetyConfig, SafetyFilter, Watchdog  # noqa: E402
 from robo_rl.policies import load_policy, read_checkpoint  # noqa: E402
-from robo_rl.policies.common import predictor  # noqa: E402
+from robo_rl.policies.inference import predictor  # noqa: E402
 from robo_rl.policies.rtc import RtcPredictor  # noqa: E402
 from robo_rl.runtime.controller import Controller  # noqa: E402
 from robo_rl.runtime.episodes import ControllerConfig  # noqa: E402

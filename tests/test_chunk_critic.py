@@ -320,7 +320,7 @@ def test_critic_command_refuses_bad_input_in_one_line(twin_store, critic_run, tm
 def tiny_policy_checkpoint(path, obs_keys, task):
     """A checkpoint in the Learner's layout for an untrained tiny flow policy (no training needed)."""
     from robo_rl.policies import make_policy, policy_spec
-    from robo_rl.policies.common import ObsShapes
+    from robo_rl.policies.config import ObsShapes
 
     shapes = ObsShapes({k: {"obs/qpos": 14, "obs/env_state": 22}[k] for k in obs_keys}, {}, 14)
     policy = make_policy("flow", {"dit_dim": 16, "dit_depth": 1, "dit_heads": 2, "obs_dim": 16}, shapes)

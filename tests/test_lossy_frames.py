@@ -198,7 +198,7 @@ def test_a_policy_sees_full_frames_as_its_training_copies_were_made():
 
     from robo_rl.data.codecs import resize_rgb
     from robo_rl.policies import ObsShapes, make_policy
-    from robo_rl.policies.common import predictor
+    from robo_rl.policies.inference import predictor
 
     torch.manual_seed(0)
     policy = make_policy("flow", {"dit_dim": 32, "dit_depth": 2, "image_encoder": "conv", "n_obs": 1},

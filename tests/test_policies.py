@@ -28,7 +28,7 @@ from robo_rl.data.store import EpisodeStore
 from robo_rl.errors import ConfigError
 from robo_rl.learn import Learner, LearnerConfig, warmup_cosine
 from robo_rl.policies import ObsShapes, load_policy, make_policy, policy_spec
-from robo_rl.policies.common import TensorNormalizer, weighted_mean
+from robo_rl.policies.body import TensorNormalizer, weighted_mean
 from robo_rl.policies.nets.encoders import ResNet18GN, random_crop
 from robo_rl.runtime.chunking import ChunkExecutor, ChunkingConfig
 from robo_rl.sim.rollout import wilson_interval
@@ -102,7 +102,7 @@ def test_normaliser_round_trip_and_state_dict_carries_stats(tmp_path):
 def test_retraining_from_scratch_keeps_only_the_normalisation(tmp_path):
     """RaC's retrain (robo_rl.rac.finetune.fresh_like): the same architecture with fresh weights,
     seeded, and the trained policy's normalisation, so intervention stores scale as the demos did."""
-    from robo_rl.policies.common import TensorNormalizer
+    from robo_rl.policies.body import TensorNormalizer
     from robo_rl.rac.finetune import fresh_like
 
     _, trained, _ = tiny_setup(tmp_path, "flow", TINY_MLP)
@@ -139,7 +139,7 @@ def test_observation_span_floor_keeps_still_dims_from_blowing_up():
 def test_frozen_predictor_matches_eager(tmp_path, name, options):
     """The traced, frozen sampler gives the eager policy's chunks for the same noise, at more than
     one batch size; a batch smaller than a built graph is padded into it, not traced again."""
-    from robo_rl.policies.common import FrozenPredictor
+    from robo_rl.policies.inference import FrozenPredictor
 
     _, policy, sampler = tiny_setup(tmp_path, name, options, images=True)
     policy.eval()

@@ -499,7 +499,7 @@ def test_a_camera_policy_s_intervention_rollouts_and_demos_record_its_frames(tmp
     episodes; a camera policy without an image size is a one-line error."""
     from robo_rl.data.store import EpisodeStore
     from robo_rl.policies import load_policy, read_checkpoint
-    from robo_rl.policies.common import predictor
+    from robo_rl.policies.inference import predictor
     from robo_rl.runtime.chunking import ChunkingConfig
     from robo_rl.sim.interventions import collect_expert_demos, collect_interventions
     from robo_rl.sim.operator import OperatorConfig

@@ -63,7 +63,7 @@ def test_padding_past_a_cut_episode_is_flagged_and_not_learned(tmp_path, schema)
         assert b["action_is_cut"][rows].any() == (ep == 1)
         assert not (b["action_is_cut"] & ~b["action_is_pad"]).any()
 
-    from robo_rl.policies.common import ChunkBody
+    from robo_rl.policies.body import ChunkBody
 
     class Cfg:
         mask_padded_actions = False

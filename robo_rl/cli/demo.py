@@ -84,7 +84,7 @@ def run(cfg: DictConfig) -> int:
     from robo_rl.learn.learner import resolve_device
     from robo_rl.learn.recipes import camera_recipe
     from robo_rl.policies import FlowConfig, checkpoint_info, load_policy, read_checkpoint
-    from robo_rl.policies.common import predictor
+    from robo_rl.policies.inference import predictor
     from robo_rl.rac.experiment import Rounds, Stages, gain_verdict, run_rounds, set_aside, trained
     from robo_rl.rac.mixing import CompositionConfig
     from robo_rl.runtime.chunking import ChunkingConfig

@@ -110,7 +110,7 @@ class DeploySession:
 
 
 def run(cfg: DictConfig) -> int:
-    from robo_rl.policies.common import predictor
+    from robo_rl.policies.inference import predictor
     from robo_rl.cli.session import close_session, listen_estop
     from robo_rl.cli.session import check_live_view, open_live_view, print_live_summary
     from robo_rl.hardware.safety import EStop, SafetyConfig, SafetyFilter, Watchdog

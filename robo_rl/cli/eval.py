@@ -19,7 +19,7 @@ def run(cfg: DictConfig) -> int:
     import torch
 
     from robo_rl.policies import load_policy, read_checkpoint
-    from robo_rl.policies.common import predictor
+    from robo_rl.policies.inference import predictor
     from robo_rl.sim.evaluate import run_eval, write_eval
 
     if not cfg.checkpoint:

@@ -81,7 +81,7 @@ def run_rounds(cfg: DictConfig, ckpt: dict[str, Any], task: str, demos: str, n_d
     from robo_rl.learn.learner import resolve_device
     from robo_rl.learn.recipes import with_camera_learner
     from robo_rl.policies import load_policy
-    from robo_rl.policies.common import predictor
+    from robo_rl.policies.inference import predictor
     from robo_rl.rac.experiment import Rounds, run_rounds
     from robo_rl.rac.mixing import CompositionConfig
     from robo_rl.runtime.chunking import ChunkingConfig

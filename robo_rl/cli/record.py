@@ -53,7 +53,7 @@ class Policy:
     """A checkpoint's policy for intervention recording: what it observes and how it runs."""
 
     def __init__(self, cfg: DictConfig):
-        from robo_rl.policies.common import predictor
+        from robo_rl.policies.inference import predictor
         from robo_rl.policies import load_policy, read_checkpoint
 
         ckpt = read_checkpoint(cfg.checkpoint)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from robo_rl.errors import ConfigError
-from robo_rl.policies.common import ChunkConfig, ObsShapes, Policy
+from robo_rl.policies.config import ChunkConfig, ObsShapes, Policy
 from robo_rl.policies.diffusion import DiffusionConfig, DiffusionPolicy
 from robo_rl.policies.flow import FlowConfig, FlowPolicy
 

@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 from robo_rl.errors import ConfigError
-from robo_rl.policies.common import ChunkBody, ChunkConfig, ObsShapes, weighted_mean
+from robo_rl.policies.body import ChunkBody, weighted_mean
+from robo_rl.policies.config import ChunkConfig, ObsShapes
 
 
 @dataclass

@@ -29,7 +29,7 @@ from robo_rl.errors import ConfigError
 from robo_rl.learn import Learner, LearnerConfig
 from robo_rl.learn.learner import resolve_device
 from robo_rl.policies import checkpoint_info, load_policy, make_policy
-from robo_rl.policies.common import TensorNormalizer
+from robo_rl.policies.body import TensorNormalizer
 from robo_rl.rac.mixing import CompositionConfig, MixedSampler, composition_weights
 
 

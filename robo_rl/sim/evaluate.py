@@ -52,7 +52,7 @@ def _run_eval(policy, task, chunking, episodes, n_envs, seed, videos, out, infer
         chunk_cfg = ChunkingConfig(**dict(chunking))
     except TypeError as e:
         raise ConfigError(f"chunking: {e}") from None
-    from robo_rl.policies.common import predictor
+    from robo_rl.policies.inference import predictor
 
     predict = predictor(policy, inference_steps) if predict is None else predict  # value-guided selection passes its own
     if record:  # the same rollouts, also written to an episode store with per-step stages
