@@ -652,7 +652,8 @@ def test_a_time_budget_without_a_step_count_trains_as_many_steps_as_fit(tmp_path
     learner = Learner(policy, cfg, tmp_path / "run", lambda bs, g, w: sampler.sample(bs, g, w), progress=False)
     assert learner.total_steps == Learner.UNFITTED
     out = learner.fit()
-    assert learner.schedule_fitted and 110 < learner.total_steps < Learner.UNFITTED
+    # how many steps fit 2.4 s is the machine's speed (a loaded CI machine fits far fewer): not asserted
+    assert learner.schedule_fitted and 0 < learner.total_steps < Learner.UNFITTED
     assert out["step"] == learner.total_steps
     assert learner.scheduler.get_last_lr()[0] < 1e-3 * 1e-2  # the cosine ran to its end
     for bad in ({"steps": 0}, {"steps": 0, "max_minutes": 5, "fit_schedule": False}, {"steps": -1}):
