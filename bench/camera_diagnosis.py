@@ -1,5 +1,6 @@
-"""Why a camera policy fails in closed loop: the measurements behind docs/results.md's
-"Camera policies: diagnosis" table. Each part prints a table with its reference in the same run:
+"""Why a camera policy fails in closed loop: the measurements behind the table of docs/history.md's
+"Why camera policies fail in closed loop: the diagnosis". Each part prints a table with its
+reference in the same run:
 
 - `probe`: per camera, how well the cube's position and yaw can be read from one frame. A fresh
   encoder (the policy's own conv encoder, same crop) is trained to regress them on the demos'

@@ -57,7 +57,7 @@ LOWDIM = ObsShapes({"obs/qpos": 14, "obs/env_state": 7}, {}, 14)
 IMAGES = ObsShapes({"obs/qpos": 14}, {"obs/images/top": (96, 96), "obs/images/left_wrist": (96, 96)}, 14)
 PAPER = {"backbone": "unet", "down_dims": [256, 512, 1024], "image_width": 64}
 CONV = {"image_encoder": "conv"}  # the small CNN per camera instead of the ResNet-18 layout
-# the camera recipe of the README's results: the small CNN, one frame per camera, the residual MLP backbone
+# the camera recipe of docs/results.md: the small CNN, one frame per camera, the residual MLP backbone
 CAMERA_RECIPE = {"image_encoder": "conv", "n_obs": 1, "backbone": "mlp"}
 DEMO_MLP = {"backbone": "mlp", "mlp_expansion": 1, "horizon": 64, "n_action_steps": 32}  # configs/demo.yaml's policy
 CONFIGS = [  # label, policy, options
@@ -65,7 +65,7 @@ CONFIGS = [  # label, policy, options
     ("flow U-Net K=10", "flow", {"backbone": "unet"}),
     ("diffusion DiT DDIM 10 (default)", "diffusion", {}),
     ("diffusion U-Net DDIM 10", "diffusion", {"backbone": "unet"}),
-    # the two low-latency DiT variants (less accurate, see the README's results table)
+    # the two low-latency DiT variants (less accurate, see docs/results.md, "State policies")
     ("flow DiT, 2 actions per token", "flow", {"dit_patch": 2}),
     ("diffusion DiT, 2 actions per token", "diffusion", {"dit_patch": 2}),
     ("flow DiT, half-width MLP", "flow", {"dit_mlp_ratio": 2.0}),

@@ -13,7 +13,7 @@ actions dropped late and the inference latency measured (injected delay included
     python bench/rtc.py CHECKPOINT [--episodes 20] [--delays 100 200] [--n-action-steps 16]
 
 The checkpoint's horizon must leave room for the delay (d ticks < n_action_steps < horizon): at
-50 Hz, 200 ms is 10 ticks, so the README's row uses a TransferCube state policy with horizon 32.
+50 Hz, 200 ms is 10 ticks, so docs/results.md's row uses a TransferCube state policy with horizon 32.
 """
 
 from __future__ import annotations

@@ -42,7 +42,9 @@ def test_a_wheel_installed_outside_the_checkout_finds_its_models_and_configs(tmp
     _run([sys.executable, "-m", "venv", "--without-pip", venv], tmp_path, env)
     site = Path(_run([venv / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                      tmp_path, env).strip())
-    (site / "third_party.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # every site-packages this interpreter reads (its venv's, and any that venv itself borrows), as plain paths
+    borrowed = [p for p in sys.path if p.endswith("site-packages")] or [sysconfig.get_paths()["purelib"]]
+    (site / "third_party.pth").write_text("\n".join(borrowed) + "\n")
     _run([*pip, "--python", venv / "bin" / "python", "install", "--no-deps", "--no-index", wheels[0]], tmp_path, env)
 
     where = _run([venv / "bin" / "python", "-c", "import robo_rl, robo_rl.assets as a; "

@@ -39,7 +39,8 @@ from robo_rl.errors import ConfigError
 FULL = {"demos": 200, "pretrain_steps": 30000, "batch_size": 256, "rounds": 1, "episodes_per_round": 120,
         "finetune_steps": 10000, "eval_episodes": 100, "sample_temperature": 1.0}
 # task=auto: each size's task. At CPU sizes imitation seats PackCube's lid in only about half of the
-# episodes, a shortfall no recovery fixes; without the lid what is left is mostly the slips (docs/results.md, the CPU demo)
+# episodes, a shortfall no recovery fixes; without the lid what is left is mostly the slips
+# (docs/history.md, "The CPU demo: PackCube without its lid")
 TASK_AT = {False: "pack_cube_nolid", True: "pack_cube"}
 
 
@@ -248,7 +249,7 @@ def run(cfg: DictConfig) -> int:
     # 5. the control: the same training on the demos alone. What it gains over the pre-trained
     # policy is the extra training's; what RaC gains over it is the data's. Retrained from scratch,
     # the same recipe, steps and seed on the demos alone is the pre-training itself: its row is the
-    # pre-trained policy's (a retrain with another seed gave 32% against 33%, README).
+    # pre-trained policy's (a retrain with another seed gave 32% against 33%: docs/history.md, "PackCube with slips and 30 s").
     if from_scratch:
         print("5/6 control: retraining on the demos alone is the pre-training itself (same recipe, steps and seed)")
     else:

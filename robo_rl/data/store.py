@@ -66,8 +66,8 @@ log = logging.getLogger(__name__)
 LOCK_FILE = ".writer.lock"
 TEMP_SUFFIX = ".partial"  # zarr's LocalStore names its in-flight writes *.<hex>.partial
 
-# Codecs for camera frames, chosen by measurement (bench/image_codecs.py; README "Choice of image
-# codec"). zstd level 1 over 4-frame chunks: ~7x on rendered frames at ~700 MB/s encode on one
+# Codecs for camera frames, chosen by measurement (bench/image_codecs.py; docs/results.md "Choice of
+# image codec"). zstd level 1 over 4-frame chunks: ~7x on rendered frames at ~700 MB/s encode on one
 # thread. On noisy real-camera frames no lossless codec does better than ~1.3x; blosc-zstd with
 # bitshuffle is the best of them there, at a quarter of the encode speed.
 IMAGE_CODECS = {

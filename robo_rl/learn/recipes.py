@@ -3,7 +3,7 @@
 The config's defaults (policy/flow.yaml, train.yaml's learner) are the state recipe: a DiT over
 two frames of joints and object poses. A camera policy trained with them is 8x slower per step
 and has not been seen to succeed on a CPU. The camera recipe below is the best measured
-(docs/results.md, "Why camera policies fail in closed loop"): a small CNN with a spatial softmax
+(docs/history.md, "Why camera policies fail in closed loop"): a small CNN with a spatial softmax
 per camera, one frame per window, the MLP backbone, a 64-step chunk whose far actions make the
 loss say where the object is, four flow draws per encoded frame and a chunk regression beside
 the flow loss, bf16 autocast where the CPU computes in bf16, and torch.compile on a CPU for a run
@@ -32,7 +32,7 @@ CAMERA_RECIPE = {
 }
 CAMERA_FLOW_RECIPE = {"policy.noise_samples": 4, "policy.aux_chunk_weight": 1.0}
 # the frame size every camera row was measured at: smaller frames hold too few pixels of the
-# cube (3-4 px of its top face at 96x96, docs/results.md) for the recipe to aim a grasp
+# cube (3-4 px of its top face at 96x96, docs/history.md) for the recipe to aim a grasp
 CAMERA_MIN_FRAME = (96, 96)
 
 

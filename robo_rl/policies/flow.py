@@ -25,7 +25,7 @@ class FlowConfig(ChunkConfig):
     inference_steps: int = 10       # K Euler steps
     # Inference only: the starting noise is drawn at this scale (1: the learned distribution; < 1:
     # nearer its most likely chunks). Full-scale draws from a small policy's tails can land in
-    # another sub-task's mode (docs/results.md, the CPU demo's row 27).
+    # another sub-task's mode (docs/history.md, the CPU demo's row 27).
     sample_temperature: float = 1.0
     time_sampling: str = "uniform"  # uniform | beta (Beta(a, b) on tau; a > b favours low noise, tau near 1)
     beta_a: float = 1.5

@@ -18,7 +18,7 @@ pre-training demos and the intervention episodes. Three groups of steps:
 
 `no_recovery_after` masks the recovery of takeovers by their reason: ["dead end"], the default, keeps what the
 operator's corrections after a dead end teach and drops its letting go of a lifted part (which a
-camera policy may not tell from a good grip; docs/results.md, "RaC rounds on camera Insertion").
+camera policy may not tell from a good grip; docs/history.md, "RaC rounds on camera Insertion").
 `no_intervention_after` masks whole interventions by their takeover reason, recovery and correction:
 the ablation that asks whether what the operator did after such a takeover helps at all.
 

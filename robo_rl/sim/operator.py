@@ -262,7 +262,7 @@ class SimOperator:
         # After a regression, a hand that holds an object the lost stage did not need (a cube picked
         # back out of the box it had been put in) lets go of it: that grasp is the failure. Kept, the
         # recovery closed on the cube in the box and lifted it out, re-enacting the failure under the
-        # RECOVERY label (20 of 70 takeovers in a CPU demo round; docs/results.md, CPU demo row 24).
+        # RECOVERY label (20 of 70 takeovers in a CPU demo round; docs/history.md, CPU demo row 24).
         let_go = set()
         if self._regressed:
             lost_stage_needs = set(env.task.grasp_targets(self._max_stage))
@@ -272,7 +272,7 @@ class SimOperator:
         # lowered that tilted on the rim) keeps it: it closes, lifts it back up and holds it there
         # for the correction to place again, as a person would, instead of letting go and backing
         # away. (On PackCube, rounds with these lid corrections trained to 24-38% against 50%
-        # without them; keeping the lid gave 24-32%: not the fix, README "sixth round".)
+        # without them; keeping the lid gave 24-32%: not the fix, docs/history.md "PackCube with slips and 30 s".)
         if self._dead_end:  # the grip itself is the failure: let go, grip again where the demos do
             let_go, holding = holding, set()
         kept = set()

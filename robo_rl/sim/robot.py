@@ -23,7 +23,7 @@ SIM_DIR = asset_dir("sim")
 # a real sensor integrates light over each pixel (1: point samples, where a small object moves in
 # whole-pixel jumps, about 1 cm of table per pixel on the top camera at 96x96). 1 stays the
 # default: 4x sharpened a probe's reading of the cube's yaw but not a camera policy's success, and
-# renders 4x slower (docs/results.md, the camera diagnosis).
+# renders 4x slower (docs/history.md, the camera diagnosis).
 RENDER_SCALE = 1
 
 
