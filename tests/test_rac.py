@@ -455,8 +455,8 @@ def test_a_killed_demo_resumes_where_it_stopped(tmp_path):
     evaluation, beside the round) exits too; `resume=true` reuses the recorded demos and the
     pre-training, sets the partial rollouts aside and finishes."""
     out = tmp_path / "demo"
-    args = ["small.demos=2", "small.pretrain_steps=10", "small.episodes_per_round=6", "small.finetune_steps=5",
-            "small.eval_episodes=2", "n_envs=1", "threads=1", "videos=0", f"out={out}"]
+    args = ["task=transfer_cube", "small.demos=2", "small.pretrain_steps=10", "small.episodes_per_round=6",  # the shortest task
+            "small.finetune_steps=5", "small.eval_episodes=2", "n_envs=1", "threads=1", "videos=0", f"out={out}"]
     proc = subprocess.Popen([sys.executable, "-m", "robo_rl.cli.main", "demo", *args], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, env={**os.environ, "MUJOCO_GL": "egl"})
     try:
