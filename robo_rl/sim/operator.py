@@ -7,9 +7,8 @@ It watches with privileged state and takes over when failure looks imminent:
   held cube into the box unsets "lifted" before "in box" is set, and that is placing, not failing;
 - no progress: the stage has not advanced for longer than the demos' expert ever needs for it
   (`patience_factor` x its longest time in that stage over `patience_seeds` human-like demos), or
-  for a fixed `patience_s` if set. A fixed patience shorter than the expert's own time takes over
-  from a policy that is merely slow, and the recovery then teaches it to back away from a grasp
-  that was going fine;
+  for a fixed `patience_s` if set (shorter than the expert's own time, it takes over from a policy
+  that is merely slow);
 - grasp misaligned: a gripper the current sub-task needs has been closed for `grasp_s` seconds
   without holding its object.
 - dead end (`lookahead`): the policy has just finished a sub-task, but from the state it left
@@ -25,23 +24,18 @@ Then it follows the RaC rules:
    (a lid that tilted on the rim while being lowered) closes on it and lifts it back up instead;
    a hand holding what the lost stage did not need (a cube picked back out of its box) lets go.
    After a dead end every hand lets go, so the correction grips again where the demos grip.
-   Only when the scene has gone wrong (a sub-task came undone, a grasp closed on air). After a
-   stall nothing is out of place: the policy holds a pose the demos pass through (most often the
-   cube lowered into the box, the gripper never opening), so the state is already familiar and a
-   recovery would carry the cube back out, one release away from done. There the operator
-   corrects at once (`recover_on_stall=True` recovers anyway).
+   Only when the scene has gone wrong (a sub-task came undone, a grasp closed on air): after a
+   stall nothing is out of place, so the operator corrects at once (`recover_on_stall=True`
+   recovers anyway).
 2. CORRECTION: complete the current sub-task with the expert, planned from where things are.
    After a regression that is the sub-task under way when things came undone: a lid dropped on
-   the rim while being placed is corrected until it is seated, not only until it is lifted
-   again (stopping there taught the policy to lift a lid it should lower).
+   the rim while being placed is corrected until it is seated, not only until it is lifted again.
 3. END: when the sub-task is done (its stage advanced and held for `done_hold_s`; a contact that
    flickers as an object settles is not done), the episode ends.
 
 It gives up (ending "unreachable", which weighs 0 like a timeout) when its plan would move a joint
-more than `max_joint_step` in one tick, and holds the last command instead of sending it. The
-expert's IK, asked for a pose out of reach (a cube knocked toward the far edge), flips between
-solution branches: HG-DAgger's corrections, which start from wherever the policy failed, held
-jumps of up to 2 pi per tick, while the demos' largest step is 0.59 rad.
+more than `max_joint_step` in one tick (the expert's IK flipping between solution branches for a
+pose out of reach), and holds the last command instead of sending it.
 
 It is a `robo_rl.rac.Operator`, the interface a human on a teleop device gets too: each tick
 `signal` says take_over / recovery_done / correction_done (or nothing) and, while in control,
