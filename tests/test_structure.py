@@ -74,7 +74,8 @@ def test_the_check_sees_lazy_imports_and_the_verbs_exist():
 
 def test_no_verb_runs_a_round_of_its_own():
     """A RaC round (collect -> compose -> train -> evaluate) has one home, robo_rl/rac/experiment.py:
-    a verb wires its collect and evaluate and calls it, and never trains on interventions itself."""
+    a verb wires its collect and evaluate and calls it, and never trains on interventions itself.
+    The demo's whole experiment (pre-train, rounds, control, rows) lives in robo_rl/rac/before_after.py."""
     wrong = [f"{path.relative_to(PACKAGE.parent)}:{line} imports {module}"
              for path in sorted((PACKAGE / "cli").glob("*.py"))
              for module, line in imports(path) if _under(module, "robo_rl.rac.finetune")]
@@ -82,6 +83,11 @@ def test_no_verb_runs_a_round_of_its_own():
     callers = {path.name for path in (PACKAGE / "cli").glob("*.py")
                if any(_under(m, "robo_rl.rac.experiment") for m, _ in imports(path))}
     assert {"demo.py", "rac.py"} <= callers
+    assert any(_under(m, "robo_rl.rac.before_after") for m, _ in imports(PACKAGE / "cli" / "demo.py"))
+    for verb in ("demo.py", "rac.py"):  # neither trains a policy itself: the pre-training is the experiment's too
+        tree = ast.parse((PACKAGE / "cli" / verb).read_text())
+        called = {getattr(n.func, "id", getattr(n.func, "attr", None)) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+        assert not called & {"Learner", "finetune", "fit"}, (verb, called & {"Learner", "finetune", "fit"})
 
 
 def _import_cycles(modules: dict[str, set[str]]) -> list[list[str]]:

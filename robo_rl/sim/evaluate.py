@@ -178,11 +178,12 @@ def run_parts(policy: Any, task: str, chunking: Mapping[str, Any], spans: list[t
 
 class EvaluationProcess:
     """`evaluate_parts` in a spawned process, while this one does other work; `parts()` waits for
-    its EvalSummaries. The child exits when this process dies (a kill leaves no evaluation running
-    on), and an error in it is raised here."""
+    its EvalSummaries, `result()` for their row (evaluate_with_recoveries'). The child exits when
+    this process dies (a kill leaves no evaluation running on), and an error in it is raised here."""
 
     def __init__(self, checkpoint: Path, device: str, task: str, chunking: Mapping[str, Any],
-                 spans: list[tuple[int, int]], n_envs: int, seed: int, out: Path | None, videos: int):
+                 spans: list[tuple[int, int]], n_envs: int, seed: int, out: Path | None, videos: int,
+                 max_recoveries: int = 5):
         import multiprocessing
         import os
         from concurrent.futures import ProcessPoolExecutor
@@ -190,6 +191,7 @@ class EvaluationProcess:
         # spawn, not fork: a forked child would inherit torch's thread pools and an EGL context
         self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
                                          initializer=_exit_with_parent, initargs=(os.getpid(),))
+        self._out, self._max_recoveries = out, max_recoveries
         self._future = self._pool.submit(evaluate_parts, str(checkpoint), device, task, dict(chunking), spans,
                                          n_envs, seed, str(out) if out is not None else None, videos)
 
@@ -198,6 +200,9 @@ class EvaluationProcess:
             return self._future.result()
         finally:
             self._pool.shutdown()
+
+    def result(self) -> dict[str, Any]:
+        return recovery_row(merge_shards(self.parts()), self._max_recoveries, self._out)
 
     def cancel(self) -> None:
         for p in list(getattr(self._pool, "_processes", {}).values()):
