@@ -406,6 +406,8 @@ def test_demos_from_a_store_of_another_task_or_too_short_is_one_line_naming_what
     code, err = robo_rl_in_process(capsys, "demo", "obs=images", "cameras=[top,nose]", f"out={tmp_path / 'out-nose'}")
     assert code == 2 and "no camera 'nose'; its cameras are ['top', 'left_wrist', 'right_wrist']" in err, err
     assert not (tmp_path / "out-nose").exists()
+    code, err = robo_rl_in_process(capsys, "demo", "from_scratch=sometimes", f"out={tmp_path / 'out-how'}")
+    assert code == 2 and "from_scratch='sometimes'" in err and not (tmp_path / "out-how").exists(), err
 
 
 @pytest.mark.slow  # ~1.5 min: PackCube's demos and rollouts rendered
@@ -416,9 +418,15 @@ def test_the_demo_with_cameras_records_trains_and_rolls_out_on_frames(tmp_path):
     out = tmp_path / "demo"
     r = _cli("demo", "obs=images", "cameras=[top]", "image_size=[32,48]", "small.demos=1", "small.pretrain_steps=5",
              "small.episodes_per_round=1", "small.eval_episodes=1", "n_envs=1", "threads=1", "videos=0",
-             "+image_policy.noise_samples=2", f"out={out}")
+             "small.finetune_steps=3", "+image_policy.noise_samples=2", f"out={out}")
     assert r.returncode == 0, r.stdout + r.stderr
     from robo_rl.policies import read_checkpoint
+
+    # from_scratch=auto with cameras: RaC fine-tunes the pre-trained weights and the control is trained too
+    res = json.loads((out / "results.json").read_text())
+    assert not res["control_is_pretraining"] and "control (no new data)" in r.stdout
+    assert read_checkpoint(out / "rac-round1" / "checkpoints" / "last.pt")["step"] == 3
+    assert read_checkpoint(out / "control" / "checkpoints" / "last.pt")["step"] == 3
 
     ckpt = read_checkpoint(out / "pretrain" / "checkpoints" / "last.pt")
     config = ckpt["policy"]["config"]

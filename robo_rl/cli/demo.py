@@ -5,9 +5,9 @@
 2. pre-train a flow action-chunk policy on them and evaluate it in the twin;
 3. RaC: the policy drives, the simulated operator takes over when failure looks imminent
    (recovery, then correction, then the episode ends); every step is labelled;
-4. train on demos + recovery and correction data: by default retrained from fresh weights with
-   the pre-training's recipe (`from_scratch`; robo_rl/rac/finetune.py says why), or fine-tuned
-   from the pre-trained checkpoint;
+4. train on demos + recovery and correction data: retrained from fresh weights with the
+   pre-training's recipe, or fine-tuned from the pre-trained checkpoint (`from_scratch`; by
+   default a state policy retrains and a camera policy fine-tunes);
 5. the control: the same training on the demos alone (no new data), so that what RaC gains over
    it is the data's and not the extra training's;
 6. evaluate both on the pre-trained policy's seeds: a three-row table (pre-trained, control,
@@ -16,7 +16,8 @@
 `full=auto` (the default) runs the GPU sizes where CUDA is available (PackCube, 200 demos, 30k
 steps at batch 256) and the CPU sizes elsewhere (PackCube without its lid, 50 demos, 7000
 steps, the flow's starting noise at half scale). `robo-rl rac` runs the longer comparison
-(HG-DAgger, more expert demos, several rounds).
+(HG-DAgger, more expert demos, several rounds). The experiment itself lives in
+robo_rl/rac/before_after.py; this verb wires the twin into it.
 """
 
 from __future__ import annotations
@@ -199,6 +200,9 @@ def settings(cfg: DictConfig) -> Settings:
     policy_opts = OmegaConf.to_container(cfg.policy, resolve=True) or {}
     policy_opts["sample_temperature"] = s["sample_temperature"]
     FlowConfig.from_dict(policy_opts)  # the policy's own checks
+    if not (isinstance(cfg.from_scratch, bool) or cfg.from_scratch == "auto"):
+        raise ConfigError(f"demo: from_scratch={cfg.from_scratch!r}; choose true (retrain), false (fine-tune) or auto")
+    cfg.from_scratch = cfg.obs == "state" if cfg.from_scratch == "auto" else cfg.from_scratch
     if cfg.obs == "state":
         return Settings(s, policy_opts, {}, [], None, ["obs/qpos", "obs/env_state"], device)
     if cfg.obs != "images":
