@@ -77,10 +77,14 @@ def run_before_after(plan: BeforeAfter, policy: Any, sample: Callable[..., Any],
     ckpt = read_checkpoint(pre_last)
     base = load_policy(ckpt, device=plan.device)
 
+    # 3-4. the rounds: each collects with the policy of the round before and trains on the demos
+    # plus every intervention so far
+    rounds = Rounds("rac", plan.rounds, ckpt, [(plan.demos, plan.n_demos)], lambda r: out / "interventions" / f"round{r}",
+                    lambda r: out / f"rac-round{r}", plan.train, plan.composition, plan.from_scratch, plan.device)
     # the pre-trained policy's row: evaluated beside round 1 where the caller can (the twin steps
     # on one core each), and taken after the round's rollouts
     pending: PendingRow | None = None
-    if evaluate_beside is not None and not {"2 evaluate pre-trained", "3 RaC rollouts, round 1"} & set(stages.done):
+    if evaluate_beside is not None and not {"2 evaluate pre-trained", rounds.stage(0, 1)} & set(stages.done):
         pending = evaluate_beside(pre_last)
     pretrained_beside = pending is not None
     before: dict[str, Any] | None = None
@@ -94,10 +98,6 @@ def run_before_after(plan: BeforeAfter, policy: Any, sample: Callable[..., Any],
             before = stages.run("2 evaluate pre-trained", pending.result)
             pending = None
 
-    # 3-4. the rounds: each collects with the policy of the round before and trains on the demos
-    # plus every intervention so far
-    rounds = Rounds("rac", plan.rounds, ckpt, [(plan.demos, plan.n_demos)], lambda r: out / "interventions" / f"round{r}",
-                    lambda r: out / f"rac-round{r}", plan.train, plan.composition, plan.from_scratch, plan.device)
     try:
         after_policy, round_rows = run_rounds(rounds, base, predictor(base), collect, stages=stages, resume=resume,
                                               after_collect=after_collect, predictor=predictor)

@@ -63,6 +63,11 @@ class Rounds:
     # the stages' names in a resumable run ({label}: the method's, {how}: retrain or fine-tune, {r}: the round)
     stage_names: tuple[str, str] = ("3 {label} rollouts, round {r}", "4 {how}, round {r}")
 
+    def stage(self, which: int, r: int) -> str:
+        """Round r's collection (which=0) or training (which=1) stage, as `Stages` names it."""
+        return self.stage_names[which].format(label=label(self.method), how="retrain" if self.from_scratch else "fine-tune",
+                                              r=r)
+
 
 def run_rounds(plan: Rounds, policy: Any, predict: Any, collect: Collect, evaluate: Evaluate | None = None,
                budget: dict[int, int] | None = None, stages: "Stages | None" = None, resume: bool = False,
@@ -92,7 +97,7 @@ def run_rounds(plan: Rounds, policy: Any, predict: Any, collect: Collect, evalua
         if plan.method == "no_new_data":
             st = {"episodes": 0, "operator_samples": 0, "operator_time_s": 0.0, "interventions": 0, "steps": {}}
         else:
-            st = run_stage(plan.stage_names[0].format(label=label(plan.method), how=how, r=r),
+            st = run_stage(plan.stage(0, r),
                            lambda: collect(plan.method, predict, store, r, need))
             stores = list(dict.fromkeys([*stores, store]))
         if after_collect is not None:
@@ -108,7 +113,7 @@ def run_rounds(plan: Rounds, policy: Any, predict: Any, collect: Collect, evalua
         demo_sources = list(plan.demos) + ([(s, None) for s in stores] if plan.method == "demos" else [])
         interventions = stores if plan.method in ("rac", "hg_dagger") else []
         run_dir = plan.run_dir(r)
-        fit = run_stage(plan.stage_names[1].format(label=label(plan.method), how=how, r=r), lambda: trained(finetune(
+        fit = run_stage(plan.stage(1, r), lambda: trained(finetune(
             plan.checkpoint, demo_sources, interventions, plan.composition, plan.learner, run_dir,
             extra=plan.extra(r), resume=resume, from_scratch=plan.from_scratch)[1]))
         policy = load_policy(read_checkpoint(run_dir / "checkpoints" / "last.pt"), device=plan.device)
