@@ -265,7 +265,7 @@ def test_a_tiny_rac_round_end_to_end(tmp_path):
     for name in ("success_vs_samples", "success_vs_time", "test_time_scaling"):
         assert (out / f"{name}.png").stat().st_size > 1000
     # RaC episodes: POLICY, then RECOVERY, then CORRECTION, and nothing after (END)
-    store = EpisodeStore.open(out / "rac" / "data")
+    store = EpisodeStore.open(out / "rac" / "data" / "round1")
     assert store.n_episodes == 2
     for e in range(store.n_episodes):
         seg = store.episode(e)["segment"]
@@ -280,20 +280,20 @@ def test_a_tiny_rac_round_end_to_end(tmp_path):
     rac_samples = rows["rac"]["operator_samples"]
     assert rac_samples > 0
     # HG-DAgger: no recovery manoeuvre; control came back to the policy after a correction
-    hg = EpisodeStore.open(out / "hg_dagger" / "data")
+    hg = EpisodeStore.open(out / "hg_dagger" / "data" / "round1")
     for e, meta in enumerate(hg.metas):  # at most the one held tick per takeover is labelled RECOVERY
         assert (hg.episode(e)["segment"] == R).sum() <= len(meta.extra["interventions"])
     # equal operator effort, up to one episode's worth
     assert rows["hg_dagger"]["operator_samples"] >= rac_samples
     assert rows["demos"]["operator_samples"] >= rac_samples
-    demo_store = EpisodeStore.open(out / "demos" / "data")
+    demo_store = EpisodeStore.open(out / "demos" / "data" / "round1")
     assert (demo_store.episode(0)["segment"] == T).all()
     assert rows["demos"]["operator_samples"] - rac_samples < max(demo_store.episode_range(e)[1] - demo_store.episode_range(e)[0]
                                                                  for e in range(demo_store.n_episodes))
     # every fine-tune started from the pre-trained checkpoint and wrote its own run
     assert (out / "rac" / "round1" / "checkpoints" / "last.pt").is_file()
     r = _cli("rac", f"checkpoint={run / 'checkpoints' / 'last.pt'}", f"out={out}")
-    assert r.returncode == 2 and "already holds results" in r.stderr
+    assert r.returncode == 2 and "already holds a run" in r.stderr
 
 
 @pytest.mark.slow  # ~80 s; `make demo` runs the same story, and test_a_tiny_rac_round_end_to_end covers its parts
@@ -499,6 +499,43 @@ def test_a_killed_demo_resumes_where_it_stopped(tmp_path):
     assert (out / "pretrain" / "checkpoints" / "last.pt").read_bytes() == pretrained
     assert EpisodeStore.open(out / "interventions" / "round1").n_episodes == 6
     assert list((out / "interventions").glob("round1.interrupted-1"))
+
+
+def test_a_killed_rac_comparison_resumes_where_it_stopped(tmp_path, checkpoints):
+    """SIGKILL `robo-rl rac` while it collects round 2; `resume=true` reuses the pre-trained
+    policy's evaluation and all of round 1, sets round 2's partial rollouts aside and finishes.
+    Another setting is refused by name; another thread count is not."""
+    out = tmp_path / "rac"
+    args = [f"checkpoint={checkpoints['state']}", "methods=[rac]", "rounds=2", "episodes_per_round=2", "n_envs=1",
+            "finetune.steps=5", "finetune.batch_size=8", "eval.episodes=2", "eval.n_envs=1",
+            "operator_config.patience_s=1.0", f"out={out}"]
+    proc = subprocess.Popen([sys.executable, "-m", "robo_rl.cli.main", "rac", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env={**os.environ, "MUJOCO_GL": "egl"})
+    try:
+        deadline = time.time() + 300
+        while not (out / "rac" / "data" / "round2").exists() and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+    done = list(json.loads((out / "stages.json").read_text())["results"])
+    round1 = ["RaC rollouts, round 1", "RaC fine-tune, round 1", "RaC evaluation, round 1"]
+    assert done == ["evaluate pre-trained", *round1]
+    fine_tuned = (out / "rac" / "round1" / "checkpoints" / "last.pt").read_bytes()
+    r = _cli("rac", *args)
+    assert r.returncode == 2 and "resume=true" in r.stderr
+    r = _cli("rac", *args, "finetune.steps=6", "resume=true")
+    assert r.returncode == 2 and "finetune.steps" in r.stderr
+    r = _cli("rac", *args, "finetune.threads=1", "resume=true")
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = json.loads((out / "results.json").read_text())
+    assert res["resumed"] == ["evaluate pre-trained", *round1]
+    assert [(row["method"], row["round"]) for row in res["rows"]] == [("rac", 1), ("rac", 2)]
+    assert res["rows"][1]["episodes"] == 4 and res["rows"][1]["finetune_steps"] == 5  # cumulative over the rounds
+    assert (out / "rac" / "round1" / "checkpoints" / "last.pt").read_bytes() == fine_tuned
+    assert EpisodeStore.open(out / "rac" / "data" / "round2").n_episodes == 2
+    assert list((out / "rac" / "data").glob("round2.interrupted-1"))
+    assert "RaC round 2" in r.stdout
 
 
 def test_a_camera_policy_s_intervention_rollouts_and_demos_record_its_frames(tmp_path, checkpoints):

@@ -204,7 +204,7 @@ def test_rac_with_a_human_at_the_keyboard_through_the_cli(tmp_path):
         proc.stdout.close()
         os.close(master)
         os.close(slave)
-    store = EpisodeStore.open(out / "rac" / "data")
+    store = EpisodeStore.open(out / "rac" / "data" / "round1")
     assert store.n_episodes == 1
     meta = store.metas[0]
     assert meta.operator == "human_keyboard"

@@ -53,7 +53,7 @@ def run(cfg: DictConfig) -> int:
     if cfg.view and not human:  # view=true: the Rerun viewer (robo_rl/cli/view.py)
         raise ConfigError("rac: view=true shows a human operator's rollouts (operator=keyboard|gamepad|...); the "
                           "simulated operator's rollouts run n_envs at a time, faster than real time: look at "
-                          "them afterwards with robo-rl view OUT/rac/data episode=N")
+                          "them afterwards with robo-rl view OUT/rac/data/round1 episode=N")
     if int(cfg.rounds) < 1 or int(cfg.episodes_per_round) < 1:
         raise ConfigError(f"rac: rounds and episodes_per_round must be >= 1 (got {cfg.rounds}, {cfg.episodes_per_round})")
     ckpt = read_checkpoint(cfg.checkpoint)
@@ -65,24 +65,27 @@ def run(cfg: DictConfig) -> int:
     if not demos or not Path(demos).exists():
         raise ConfigError(f"rac: the pre-training demos {demos!r} are not there; pass demos=PATH")
     out = Path(cfg.out) if cfg.out else Path("data/rac") / f"{task}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if (out / "results.json").exists():
+    if (out / "results.json").exists() and not (out / "stages.json").exists():  # a run from before `resume`
         raise ConfigError(f"rac: {out} already holds results; pass another out=")
     human_session = HumanSession(cfg) if human else None  # before any output: a missing device stops here
     try:
-        return run_rounds(cfg, ckpt, task, demos, n_demos, out, methods, human_session)
+        from robo_rl.rac.experiment import Stages
+
+        stages = Stages(out, cfg, bool(cfg.resume), verb="rac")  # the settings are checked: the run is written down from here
+        return run_rounds(cfg, ckpt, task, demos, n_demos, out, methods, human_session, stages)
     finally:
         if human_session is not None:
             human_session.close()  # the terminal gets its echo back, on errors and Ctrl-C too
 
 
 def run_rounds(cfg: DictConfig, ckpt: dict[str, Any], task: str, demos: str, n_demos: int | None, out: Path,
-               methods: list[str], human_session: "HumanSession | None") -> int:
+               methods: list[str], human_session: "HumanSession | None", stages: Any) -> int:
     from robo_rl.learn import LearnerConfig
     from robo_rl.learn.learner import resolve_device
     from robo_rl.learn.recipes import with_camera_learner
     from robo_rl.policies import load_policy
     from robo_rl.policies.inference import predictor
-    from robo_rl.rac.experiment import Rounds, run_rounds
+    from robo_rl.rac.experiment import Rounds, run_rounds, set_aside
     from robo_rl.rac.mixing import CompositionConfig
     from robo_rl.runtime.chunking import ChunkingConfig
     from robo_rl.sim.interventions import collect_expert_demos, collect_interventions
@@ -90,8 +93,6 @@ def run_rounds(cfg: DictConfig, ckpt: dict[str, Any], task: str, demos: str, n_d
     from robo_rl.sim.room import randomizer_option
 
     human = human_session is not None
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     chunking = dict(ckpt.get("chunking") or {})
     chunk_cfg = ChunkingConfig(**chunking)
     obs_keys = list(ckpt["obs_keys"])
@@ -105,7 +106,7 @@ def run_rounds(cfg: DictConfig, ckpt: dict[str, Any], task: str, demos: str, n_d
     comp_opts = OmegaConf.to_container(cfg.composition, resolve=True)
 
     results: dict[str, Any] = {"task": task, "checkpoint": str(cfg.checkpoint), "demos": str(demos), "n_demos": n_demos,
-                               "rows": []}
+                               "rows": [], "resumed": stages.resumed, "timings_s": stages.timings}
 
     def save() -> None:
         tmp = out / "results.json.tmp"
@@ -116,7 +117,8 @@ def run_rounds(cfg: DictConfig, ckpt: dict[str, Any], task: str, demos: str, n_d
     # One predictor per policy, shared by its evaluation and the next round's rollouts: each
     # holds a traced graph whose memory TorchScript never gives back (FrozenPredictor).
     base_predict = predictor(base)
-    results["base"] = evaluate(base, task, chunking, cfg, out / "eval-base", predict=base_predict)
+    results["base"] = stages.run("evaluate pre-trained",
+                                 lambda: evaluate(base, task, chunking, cfg, out / "eval-base", predict=base_predict))
     save()
     budget: dict[int, int] = {}  # round -> RaC's cumulative operator samples
     cameras = sorted(k.rsplit("/", 1)[-1] for k in base.shapes.images)  # a camera policy's rollouts record them
@@ -125,6 +127,7 @@ def run_rounds(cfg: DictConfig, ckpt: dict[str, Any], task: str, demos: str, n_d
 
         def collect(method: str, predict: Any, store: Path, r: int, need: int | None) -> dict[str, Any]:
             seed = 200_000 + 10_000 * int(cfg.seed) + 1_000 * m_index + 100 * r
+            set_aside(store)  # an interrupted round's partial data is kept beside, not mixed in
             if method == "demos":
                 if need is None:  # no RaC run to match: as many demo steps as RaC episodes would take
                     need = int(cfg.episodes_per_round) * 200
@@ -147,10 +150,12 @@ def run_rounds(cfg: DictConfig, ckpt: dict[str, Any], task: str, demos: str, n_d
         def extra(r: int, method: str = method) -> dict[str, Any]:
             return {"rac": {"method": method, "round": r}}
 
-        plan = Rounds(method, int(cfg.rounds), ckpt, [(demos, n_demos)], lambda r, method=method: out / method / "data",
+        # each round's data in its own store, so that an interrupted round's can be set aside
+        plan = Rounds(method, int(cfg.rounds), ckpt, [(demos, n_demos)], lambda r, method=method: out / method / "data" / f"round{r}",
                       lambda r, method=method: out / method / f"round{r}", learner_cfg,
                       CompositionConfig(**{**comp_opts, "mode": comp_opts.get("mode") or OWN_COMPOSITION[method]}),
-                      bool(cfg.from_scratch), resolve_device(learner_cfg.device), extra)
+                      bool(cfg.from_scratch), resolve_device(learner_cfg.device), extra,
+                      stage_names=("{label} rollouts, round {r}", "{label} {how}, round {r}", "{label} evaluation, round {r}"))
 
         def record_row(row: dict[str, Any]) -> None:
             results["rows"].append(row)
@@ -158,8 +163,8 @@ def run_rounds(cfg: DictConfig, ckpt: dict[str, Any], task: str, demos: str, n_d
             print(f"{LABELS[row['method']]} round {row['round']}: {row['operator_samples']} operator samples, "
                   f"success {row['success_rate']:.0%} [{row['ci95_low']:.0%}, {row['ci95_high']:.0%}]")
 
-        run_rounds(plan, base, base_predict, collect, evaluate_round, budget=budget, predictor=predictor,
-                   on_row=record_row)
+        run_rounds(plan, base, base_predict, collect, evaluate_round, budget=budget, stages=stages,
+                   resume=bool(cfg.resume), predictor=predictor, on_row=record_row)
     print_results(results)
     write_plots(results, out)
     print(f"results: {out / 'results.json'}; plots: {out}/*.png")

@@ -114,7 +114,7 @@ def run_before_after(plan: BeforeAfter, policy: Any, sample: Callable[..., Any],
         print(f"5/6 control: fine-tune on the demos alone, no new data, {plan.train.steps} steps")
         control_rounds = Rounds("no_new_data", 1, ckpt, [(plan.demos, plan.n_demos)], lambda r: out / "control",
                                 lambda r: out / "control", plan.train, plan.composition, False, plan.device,
-                                stage_names=("", "5 {how}, control"))
+                                stage_names=("", "5 {how}, control", ""))
         control_policy, _ = run_rounds(control_rounds, base, None, collect, stages=stages, resume=resume)
 
     # 6. both on the pre-trained policy's seeds

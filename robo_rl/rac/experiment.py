@@ -61,10 +61,11 @@ class Rounds:
     device: str = "cpu"
     extra: Callable[[int], Mapping[str, Any]] = field(default=lambda r: {})  # round -> checkpoint metadata
     # the stages' names in a resumable run ({label}: the method's, {how}: retrain or fine-tune, {r}: the round)
-    stage_names: tuple[str, str] = ("3 {label} rollouts, round {r}", "4 {how}, round {r}")
+    stage_names: tuple[str, str, str] = ("3 {label} rollouts, round {r}", "4 {how}, round {r}",
+                                         "{label} evaluation, round {r}")
 
     def stage(self, which: int, r: int) -> str:
-        """Round r's collection (which=0) or training (which=1) stage, as `Stages` names it."""
+        """Round r's collection (which=0), training (1) or evaluation (2) stage, as `Stages` names it."""
         return self.stage_names[which].format(label=label(self.method), how="retrain" if self.from_scratch else "fine-tune",
                                               r=r)
 
@@ -122,7 +123,7 @@ def run_rounds(plan: Rounds, policy: Any, predict: Any, collect: Collect, evalua
         predict = predictor(policy) if predictor is not None and needed else None
         row = {"method": plan.method, "round": r, **total, "collect": st, "finetune_steps": fit["step"]}
         if evaluate is not None:
-            row.update(evaluate(policy, predict, run_dir / "eval", r))
+            row.update(run_stage(plan.stage(2, r), lambda: evaluate(policy, predict, run_dir / "eval", r)))
         rows.append(row)
         if on_row is not None:
             on_row(row)
@@ -164,7 +165,8 @@ class Stages:
     so that `resume=true` picks an interrupted run up where it stopped (a killed training goes on
     from its last checkpoint) instead of starting over."""
 
-    IGNORED = ("resume", "device", "threads", "n_envs", "videos", "processes")  # may differ between the two runs
+    # settings that may differ between the two runs, at any depth (`threads`, `finetune.threads`)
+    IGNORED = ("resume", "device", "threads", "n_envs", "videos", "processes")
 
     def __init__(self, out: Path, cfg: DictConfig, resume: bool, verb: str = "demo"):
         self.path = out / "stages.json"
@@ -172,12 +174,13 @@ class Stages:
         self.timings: dict[str, float] = {}
         self.resumed: list[str] = []
         config = OmegaConf.to_container(cfg, resolve=True)
-        wanted = {k: v for k, v in flatten(config).items() if k.split(".")[0] not in self.IGNORED}
+        wanted = self.compared(flatten(config))
         if self.path.is_file():
             if not resume:
                 raise ConfigError(f"{verb}: {out} already holds a run; pass resume=true to continue it or another out=")
             saved = json.loads(self.path.read_text())
-            differ = sorted(k for k in set(wanted) | set(saved["config"]) if wanted.get(k) != saved["config"].get(k))
+            before = self.compared(saved["config"])
+            differ = sorted(k for k in set(wanted) | set(before) if wanted.get(k) != before.get(k))
             if differ:
                 raise ConfigError(f"{verb}: resume=true but {out} was run with other settings for {differ}; "
                                   "resume with the same ones or choose another out=")
@@ -186,6 +189,10 @@ class Stages:
         (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
         self.config = wanted
         self._write()
+
+    @classmethod
+    def compared(cls, flat: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in flat.items() if not set(k.split(".")) & set(cls.IGNORED)}
 
     def run(self, name: str, fn: Callable[[], Any]) -> Any:
         if name in self.done:
