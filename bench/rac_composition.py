@@ -1,6 +1,6 @@
 """Which part of a RaC round's training data makes the policy better or worse?
 
-One round's intervention store (from `robo-rl rac`, OUT/rac/data) and its pre-trained checkpoint
+One round's intervention store (from `robo-rl rac`, OUT/rac/data/round1) and its pre-trained checkpoint
 stay fixed; each variant changes one thing about how the round trains, fine-tunes (or retrains)
 from the same checkpoint, and is evaluated on the same seeds. The control (the demos alone,
 fine-tuned the same way) runs in the same call, so every row is read against it.
@@ -15,11 +15,13 @@ Variants (pick with --variants):
     all_recovery_80     all_recovery with 80% of each batch from the demos: too much weight on the round?
     rac_80              rac with 80% of each batch from the demos: do the round's grasps and lifts dilute the
                         demos' late stages?
+    rac_half_recovery   rac with recovery steps at half a correction step's weight (composition.segment_weights):
+                        does a smaller share of recoveries keep what they give one policy without what they cost another?
     rac_no_dead_ends    rac without any operator step after a dead-end takeover (composition.no_intervention_after):
                         do its re-grips help or hurt?
     all_recovery_fresh  all_recovery retrained from fresh weights with the pre-training's steps and lr
 
-    python bench/rac_composition.py --checkpoint CKPT --round-data OUT/rac/data [--variants control,rac,all_recovery]
+    python bench/rac_composition.py --checkpoint CKPT --round-data OUT/rac/data/round1 [--variants control,rac,all_recovery]
         [--episodes 50] [--steps 2000] [--threads 0] [--out data/bench/rac_composition]
 """
 
@@ -56,6 +58,7 @@ VARIANTS = {  # name -> (composition overrides, retrain from fresh weights, uses
     "all_recovery_80": ({"mode": "rac", "demo_share": 0.8, **EVERY}, False, True),
     "rac_80": ({"mode": "rac", "demo_share": 0.8}, False, True),
     "rac_no_dead_ends": ({"mode": "rac", "no_intervention_after": ["dead end"]}, False, True),
+    "rac_half_recovery": ({"mode": "rac", "segment_weights": {"RECOVERY": 0.5}}, False, True),
     "all_recovery_fresh": ({"mode": "rac", **EVERY}, True, True),
 }
 
@@ -63,7 +66,7 @@ VARIANTS = {  # name -> (composition overrides, retrain from fresh weights, uses
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", required=True)
-    ap.add_argument("--round-data", required=True, help="the round's intervention store (robo-rl rac: OUT/rac/data)")
+    ap.add_argument("--round-data", required=True, help="the round's intervention store (robo-rl rac: OUT/rac/data/round1)")
     ap.add_argument("--variants", default="control,rac,all_recovery")
     ap.add_argument("--episodes", type=int, default=50)
     ap.add_argument("--steps", type=int, default=2000, help="fine-tune steps (retrain: the checkpoint's own)")
