@@ -139,7 +139,6 @@ def run(cfg: DictConfig) -> int:
 
     def collect(method: str, predict: Any, store: Path, r: int, need: int | None) -> dict[str, Any]:
         print(f"3/6 RaC round {r}: {s['episodes_per_round']} rollouts with the simulated operator watching")
-        set_aside(store)  # an interrupted round's partial rollouts are kept beside, not mixed in
         # noise from the round's seed on one thread: a resumed or side-by-side run draws the same
         with seeded_noise(200_000 + 100 * r), one_thread():
             return collect_interventions(predict, cfg.task, st.obs_keys, policy.config.n_obs, policy.config.horizon,

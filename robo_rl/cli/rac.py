@@ -85,7 +85,7 @@ def run_rounds(cfg: DictConfig, ckpt: dict[str, Any], task: str, demos: str, n_d
     from robo_rl.learn.recipes import with_camera_learner
     from robo_rl.policies import load_policy
     from robo_rl.policies.inference import predictor
-    from robo_rl.rac.experiment import Rounds, run_rounds, set_aside
+    from robo_rl.rac.experiment import Rounds, run_rounds
     from robo_rl.rac.mixing import CompositionConfig
     from robo_rl.runtime.chunking import ChunkingConfig
     from robo_rl.sim.interventions import collect_expert_demos, collect_interventions
@@ -127,7 +127,6 @@ def run_rounds(cfg: DictConfig, ckpt: dict[str, Any], task: str, demos: str, n_d
 
         def collect(method: str, predict: Any, store: Path, r: int, need: int | None) -> dict[str, Any]:
             seed = 200_000 + 10_000 * int(cfg.seed) + 1_000 * m_index + 100 * r
-            set_aside(store)  # an interrupted round's partial data is kept beside, not mixed in
             if method == "demos":
                 if need is None:  # no RaC run to match: as many demo steps as RaC episodes would take
                     need = int(cfg.episodes_per_round) * 200
@@ -150,7 +149,7 @@ def run_rounds(cfg: DictConfig, ckpt: dict[str, Any], task: str, demos: str, n_d
         def extra(r: int, method: str = method) -> dict[str, Any]:
             return {"rac": {"method": method, "round": r}}
 
-        # each round's data in its own store, so that an interrupted round's can be set aside
+        # each round's data in its own store, so that an interrupted round's is set aside (run_rounds)
         plan = Rounds(method, int(cfg.rounds), ckpt, [(demos, n_demos)], lambda r, method=method: out / method / "data" / f"round{r}",
                       lambda r, method=method: out / method / f"round{r}", learner_cfg,
                       CompositionConfig(**{**comp_opts, "mode": comp_opts.get("mode") or OWN_COMPOSITION[method]}),

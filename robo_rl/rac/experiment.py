@@ -53,7 +53,7 @@ class Rounds:
     rounds: int
     checkpoint: Mapping[str, Any]  # the pre-trained policy: its weights (fine-tune) or normalisation (retrain)
     demos: Sequence[tuple[Path, int | None]]  # (store, first n episodes) of the pre-training demos
-    store: Callable[[int], Path]  # round -> the store its new data goes to (may be one store for all rounds)
+    store: Callable[[int], Path]  # round -> its own store for its new data (an interrupted round's is set aside)
     run_dir: Callable[[int], Path]  # round -> the training run's folder
     learner: Any  # LearnerConfig
     composition: Any  # CompositionConfig
@@ -98,8 +98,11 @@ def run_rounds(plan: Rounds, policy: Any, predict: Any, collect: Collect, evalua
         if plan.method == "no_new_data":
             st = {"episodes": 0, "operator_samples": 0, "operator_time_s": 0.0, "interventions": 0, "steps": {}}
         else:
-            st = run_stage(plan.stage(0, r),
-                           lambda: collect(plan.method, predict, store, r, need))
+            def collect_fresh() -> dict[str, Any]:
+                set_aside(store)  # an interrupted round's partial data is kept beside, not mixed in
+                return collect(plan.method, predict, store, r, need)
+
+            st = run_stage(plan.stage(0, r), collect_fresh)
             stores = list(dict.fromkeys([*stores, store]))
         if after_collect is not None:
             after_collect(r)
