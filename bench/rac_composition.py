@@ -19,6 +19,8 @@ Variants (pick with --variants):
                         does a smaller share of recoveries keep what they give one policy without what they cost another?
     rac_no_dead_ends    rac without any operator step after a dead-end takeover (composition.no_intervention_after):
                         do its re-grips help or hurt?
+    rac_no_stalls       rac without any operator step after a "no progress" takeover (composition.no_intervention_after):
+                        do the stall corrections (most of a TransferCube round) help or hurt?
     all_recovery_fresh  all_recovery retrained from fresh weights with the pre-training's steps and lr
 
     python bench/rac_composition.py --checkpoint CKPT --round-data OUT/rac/data/round1 [--variants control,rac,all_recovery]
@@ -58,6 +60,7 @@ VARIANTS = {  # name -> (composition overrides, retrain from fresh weights, uses
     "all_recovery_80": ({"mode": "rac", "demo_share": 0.8, **EVERY}, False, True),
     "rac_80": ({"mode": "rac", "demo_share": 0.8}, False, True),
     "rac_no_dead_ends": ({"mode": "rac", "no_intervention_after": ["dead end"]}, False, True),
+    "rac_no_stalls": ({"mode": "rac", "no_intervention_after": ["no progress"]}, False, True),
     "rac_half_recovery": ({"mode": "rac", "segment_weights": {"RECOVERY": 0.5}}, False, True),
     "all_recovery_fresh": ({"mode": "rac", **EVERY}, True, True),
 }

@@ -130,6 +130,21 @@ def test_unfinished_corrections_weigh_nothing():
     assert w_all[15:20].min() > 0  # the option off: every operator step trains
 
 
+def test_the_composition_report_says_how_often_a_round_step_is_drawn_against_a_demo_step():
+    # 20 demo steps; a round whose only finished intervention left 4 operator steps: half of each
+    # batch on 4 steps draws each of them 5x as often as a demo step
+    from robo_rl.rac.mixing import composition_report
+
+    inter = np.array([P] * 6 + [R] * 2 + [C] * 2 + [P] * 5 + [R] * 2 + [C] * 3)
+    records = [[{"step": 6, "ended": "sub-task done"}], [{"step": 5, "ended": "episode_end"}]]
+    sources = [{"segments": np.full(20, T), "episode_starts": [0], "demo": True},
+               {"segments": inter, "episode_starts": [0, 10], "interventions": records}]
+    line = composition_report(sources, composition_weights(sources, CompositionConfig(mode="rac")))
+    assert "rounds' 4 training steps are 50% of each batch" in line and "demos' 20" in line and "5.0x" in line, line
+    line = composition_report(sources, composition_weights(sources, CompositionConfig(mode="rac", demo_share=0.8)))
+    assert "20% of each batch" in line and "1.2x" in line, line
+
+
 def test_no_recovery_after_masks_only_that_takeovers_recovery():
     # a dead end (recovery 6-7, correction 8-9) and a misaligned grasp (recovery 15-16, correction 17-19)
     inter = np.array([P] * 6 + [R] * 2 + [C] * 2 + [P] * 5 + [R] * 2 + [C] * 3)
@@ -568,3 +583,44 @@ def test_a_camera_policy_s_intervention_rollouts_and_demos_record_its_frames(tmp
     demos = collect_expert_demos("transfer_cube", tmp_path / "demos", seed=0, max_samples=50, cameras=["top"],
                                  image_size=(48, 64))
     assert demos.episodes >= 1 and EpisodeStore.open(tmp_path / "demos").episode(0)["obs/images/top"].shape[1:] == (48, 64, 3)
+
+
+def test_a_correction_under_way_at_the_time_limit_finishes_only_with_finish_past_limit(tmp_path):
+    """A policy that holds the arms still is taken over a second before TransferCube's 8-s limit.
+    By default the limit cuts the correction short (it ends "episode_end" and weighs 0); with
+    `finish_past_limit` it runs on until its sub-task is done, and the episode with it."""
+    from robo_rl.data.store import EpisodeStore
+    from robo_rl.runtime.chunking import ChunkingConfig
+    from robo_rl.sim.envs import BimanualEnv
+    from robo_rl.sim.expert import ExpertNoise
+    from robo_rl.sim.interventions import collect_interventions
+    from robo_rl.sim.operator import OperatorConfig
+
+    env = BimanualEnv("transfer_cube")
+    env.reset(seed=3)
+    hold = env.expert(ExpertNoise.none()).act().astype(np.float32)  # the arms where they start, grippers open
+    limit = env.max_steps
+    env.close()
+
+    def still(obs):  # a chunk of that one command for every env in the batch
+        return np.broadcast_to(hold, (len(obs["obs/qpos"]), 8, hold.size)).copy()
+
+    ends, lengths = {}, {}
+    for past_limit in (False, True):
+        out = tmp_path / str(past_limit)
+        stats = collect_interventions(still, "transfer_cube", ["obs/qpos"], 1, 8, ChunkingConfig(n_action_steps=8), out,
+                                      episodes=1, seed=3, n_envs=1, progress=False, disturb=False,
+                                      operator=OperatorConfig(patience_s=7.0, lookahead=False,
+                                                              finish_past_limit=past_limit))
+        store = EpisodeStore.open(out)
+        [record] = store.metas[0].extra["interventions"]
+        # the round's report counts what the limit cut short, and the samples that therefore do not train
+        assert stats.unfinished == ({} if past_limit else {"episode_end": 1})
+        cut_samples = record["recovery_steps"] + record["correction_steps"]
+        assert stats.unfinished_samples == (0 if past_limit else cut_samples) and cut_samples > 0
+        assert record["reason"].startswith("no progress") and record["step"] == pytest.approx(350, abs=3)
+        ends[past_limit], lengths[past_limit] = record["ended"], int(store.episode_lengths[0])
+        labels = store.episode(0)["segment"]
+        assert (labels[record["step"] + 1:] == int(Segment.CORRECTION)).all()  # the operator drives to the end
+    assert ends[False] == "episode_end" and lengths[False] == limit
+    assert ends[True] == "sub-task done" and lengths[True] > limit + 25

@@ -112,8 +112,11 @@ def run_rounds(plan: Rounds, policy: Any, predict: Any, collect: Collect, evalua
             budget[r] = total["operator_samples"]
         steps = st.get("steps", {})
         if plan.method in ("rac", "hg_dagger"):
+            cut = st.get("unfinished") or {}
             print(f"   {how}, round {r}: demos + {steps.get('RECOVERY', 0)} recovery and {steps.get('CORRECTION', 0)} "
-                  f"correction steps from {st['interventions']} interventions, {plan.learner.steps} steps")
+                  f"correction steps from {st['interventions']} interventions, {plan.learner.steps} steps"
+                  + (f" ({sum(cut.values())} interventions unfinished, their {st.get('unfinished_samples', 0)} "
+                     f"samples weigh 0: {', '.join(f'{n} {e}' for e, n in cut.items())})" if cut else ""))
         demo_sources = list(plan.demos) + ([(s, None) for s in stores] if plan.method == "demos" else [])
         interventions = stores if plan.method in ("rac", "hg_dagger") else []
         run_dir = plan.run_dir(r)

@@ -30,7 +30,7 @@ from robo_rl.learn import Learner, LearnerConfig
 from robo_rl.learn.learner import resolve_device
 from robo_rl.policies import checkpoint_info, load_policy, make_policy
 from robo_rl.policies.body import TensorNormalizer
-from robo_rl.rac.mixing import CompositionConfig, MixedSampler, composition_weights
+from robo_rl.rac.mixing import CompositionConfig, MixedSampler, composition_report, composition_weights
 
 
 def finetune(checkpoint: Mapping[str, Any], demos: Sequence[tuple[str | Path, int | None]],
@@ -68,8 +68,11 @@ def finetune(checkpoint: Mapping[str, Any], demos: Sequence[tuple[str | Path, in
                         "path": str(path)})
     if not samplers:
         raise ConfigError("finetune: no episodes in the given stores")
-    for s, w in zip(samplers, composition_weights(sources, composition)):
+    weights = composition_weights(sources, composition)
+    for s, w in zip(samplers, weights):
         s.reweight(w)
+    if progress and interventions:
+        print(f"   composition: {composition_report(sources, weights)}")
     mixed = MixedSampler(samplers)
     info = checkpoint_info(policy, checkpoint.get("task"), demos[0][0] if demos else None, demos[0][1] if demos else None,
                            obs_keys, checkpoint.get("chunking"),

@@ -239,6 +239,22 @@ def composition_weights(sources: Sequence[Mapping[str, Any]], cfg: CompositionCo
     return [part.astype(np.float32) for part in np.split(w_all, np.cumsum([len(b) for b in base])[:-1])]
 
 
+def composition_report(sources: Sequence[Mapping[str, Any]], weights: Sequence[np.ndarray]) -> str:
+    """One line on where the batch goes: the rounds' share of it, how many of their steps carry
+    it, and how much more often one of them is drawn than one demo step. A share far above the
+    steps that carry it is a few corrections replayed again and again (docs/results.md)."""
+    def part(demo: bool) -> tuple[float, int]:
+        ws = [w for src, w in zip(sources, weights) if bool(src.get("demo")) == demo]
+        return float(sum(w.sum() for w in ws)), int(sum((w > 0).sum() for w in ws))
+
+    (demo_w, demo_n), (round_w, round_n) = part(True), part(False)
+    if round_n == 0 or demo_n == 0:
+        return f"{demo_n + round_n} steps train, all from the {'demos' if demo_n else 'rounds'}"
+    ratio = (round_w / round_n) / (demo_w / demo_n)
+    return (f"the rounds' {round_n} training steps are {round_w / (demo_w + round_w):.0%} of each batch, "
+            f"the demos' {demo_n} the rest: a round step is drawn {ratio:.1f}x as often as a demo step")
+
+
 class MixedSampler:
     """Windows from several WindowSamplers as one: weighted=True draws sources in proportion to
     their total weight and windows within a source in proportion to theirs (so a composition's

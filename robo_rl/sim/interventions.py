@@ -25,7 +25,7 @@ import numpy as np
 from robo_rl.data.schema import EpisodeMeta, Segment
 from robo_rl.data.store import EpisodeStore
 from robo_rl.errors import ConfigError
-from robo_rl.rac.intervention import InterventionConfig, InterventionController, Operator
+from robo_rl.rac.intervention import UNFINISHED_ENDINGS, InterventionConfig, InterventionController, Operator
 from robo_rl.runtime.chunking import ChunkingConfig
 from robo_rl.hardware.robot import Outcome
 from robo_rl.runtime.episodes import ControllerConfig, Episode, run_episodes, store_step
@@ -51,6 +51,8 @@ class CollectStats:
     operator_time_s: float = 0.0         # whole episodes: the operator watches every one
     wall_s: float = 0.0
     reasons: dict[str, int] = field(default_factory=dict)
+    unfinished: dict[str, int] = field(default_factory=dict)  # interventions cut short, by how they ended
+    unfinished_samples: int = 0          # their operator samples (they do not train: CompositionConfig.finished_only)
 
     @property
     def operator_samples(self) -> int:
@@ -67,13 +69,17 @@ class CollectStats:
         self.operator_time_s += other.operator_time_s
         for k, v in other.reasons.items():
             self.reasons[k] = self.reasons.get(k, 0) + v
+        for k, v in other.unfinished.items():
+            self.unfinished[k] = self.unfinished.get(k, 0) + v
+        self.unfinished_samples += other.unfinished_samples
         return self
 
     def to_dict(self) -> dict[str, Any]:
         return {"episodes": self.episodes, "successes": self.successes, "steps": dict(self.steps),
                 "operator_samples": self.operator_samples, "operator_time_s": self.operator_time_s,
                 "interventions": self.interventions, "episodes_with_intervention": self.episodes_with_intervention,
-                "reasons": dict(self.reasons), "wall_s": self.wall_s}
+                "reasons": dict(self.reasons), "unfinished": dict(self.unfinished),
+                "unfinished_samples": self.unfinished_samples, "wall_s": self.wall_s}
 
 
 def _reason_kind(reason: str) -> str:
@@ -139,7 +145,8 @@ def collect_interventions(
     # the RaC protocol as on real arms (robo-rl record checkpoint=): the same Interventions source
     sources = Interventions(LockstepChunks(predict, chunking, horizon, n_envs, obs_keys, n_obs), ctls,
                             [lambda env=env: env.task.stage(env.robot) for env in envs])
-    hooks = _Collection(twins, ops, ctls, store, schema, cameras, task, mode, episodes, seed, max_operator_samples, on_tick)
+    hooks = _Collection(twins, ops, ctls, store, schema, cameras, task, mode, episodes, seed, max_operator_samples, on_tick,
+                        op_cfg.finish_past_limit)
     if progress:
         from tqdm import tqdm
 
@@ -168,7 +175,8 @@ class _Collection:
 
     def __init__(self, twins: list[TaskTwin], ops: list[Operator], ctls: list[InterventionController],
                  store: EpisodeStore, schema: Any, cameras: list[str], task: str, mode: str, episodes: int, seed: int,
-                 max_operator_samples: int | None, on_tick: Callable[[BimanualEnv, InterventionController], None] | None):
+                 max_operator_samples: int | None, on_tick: Callable[[BimanualEnv, InterventionController], None] | None,
+                 finish_past_limit: bool = False):
         self.twins, self.ops, self.ctls, self.store, self.schema = twins, ops, ctls, store, schema
         self.cameras, self.task, self.mode, self.episodes, self.seed = cameras, task, mode, episodes, seed
         self.max_operator_samples, self.on_tick = max_operator_samples, on_tick
@@ -178,6 +186,7 @@ class _Collection:
         self.labels: list[list[int]] = [[] for _ in range(n)]
         self.meta: list[dict[str, Any]] = [{} for _ in range(n)]
         self.op_steps = [0] * n  # operator-commanded steps of each running episode
+        self.finish_past_limit = finish_past_limit  # OperatorConfig.finish_past_limit
         self.running = [False] * n
         self.stats = CollectStats()
         self.next_episode = 0
@@ -199,8 +208,11 @@ class _Collection:
         self.ops[i].reset()
         self.buffers[i], self.labels[i], self.op_steps[i], self.running[i] = [], [], 0, True
         self.meta[i] = {"seed": s, "init_state": self.twins[i].sim_state().tolist(), "max_stage": 0}
-        # budget reached while the policy drives: stop here, no new takeover
-        return Episode(stop=lambda: self.spent() and not self.ctls[i].in_control)
+        twin, ctl, past_limit = self.twins[i], self.ctls[i], self.finish_past_limit
+        # budget reached while the policy drives: stop here, no new takeover. With finish_past_limit
+        # the time limit ends the episode only while the policy drives: a correction under way finishes
+        return Episode(stop=lambda: not ctl.in_control and (self.spent() or (past_limit and twin.steps >= twin.env.max_steps)),
+                       end_on_time_limit=not past_limit)
 
     def step(self, i: int, obs: Any, executed: np.ndarray, segment: Segment, outcome: Outcome) -> None:
         self.buffers[i].append(store_step(obs, executed, self.cameras))
@@ -233,6 +245,9 @@ class _Collection:
         for r in recs:
             kind = _reason_kind(r["reason"])
             stats.reasons[kind] = stats.reasons.get(kind, 0) + 1
+            if r["ended"] in UNFINISHED_ENDINGS:
+                stats.unfinished[r["ended"]] = stats.unfinished.get(r["ended"], 0) + 1
+                stats.unfinished_samples += int(r["recovery_steps"]) + int(r["correction_steps"])
         if self.bar is not None:
             self.bar.update()
             self.bar.set_postfix(interventions=stats.interventions, success=f"{stats.successes}/{stats.episodes}")

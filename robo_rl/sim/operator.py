@@ -31,7 +31,9 @@ Then it follows the RaC rules:
    After a regression that is the sub-task under way when things came undone: a lid dropped on
    the rim while being placed is corrected until it is seated, not only until it is lifted again.
 3. END: when the sub-task is done (its stage advanced and held for `done_hold_s`; a contact that
-   flickers as an object settles is not done), the episode ends.
+   flickers as an object settles is not done), the episode ends. The task's time limit cuts a
+   correction short (it then weighs 0) unless `finish_past_limit`: a person finishes the
+   correction they started, so the limit ends only the policy's turn.
 
 It gives up (ending "unreachable", which weighs 0 like a timeout) when its plan would move a joint
 more than `max_joint_step` in one tick (the expert's IK flipping between solution branches for a
@@ -71,6 +73,8 @@ class OperatorConfig:
     end_margin_s: float = 0.0  # > 0: take over this long before the time limit if unfinished (0: off;
     # the human-like expert itself may need all but the last 0.7 s of PackCube's 20 s)
     correction_timeout_s: float = 12.0  # give up a correction that has not finished by then
+    finish_past_limit: bool = False  # a correction under way at the task's time limit goes on until it ends
+    # (a person finishes what they started: the limit ends the policy's turn, not the operator's)
     max_joint_step: float = 0.6  # rad: give up when the plan would move an arm joint more in one tick
     lookahead: bool = True  # take over at a dead end: a finished sub-task the expert cannot go on from
     lookahead_settle_s: float = 0.5  # the look-ahead waits this long after the expert's plan ends
