@@ -25,6 +25,10 @@ Variants (pick with --variants):
 
     python bench/rac_composition.py --checkpoint CKPT --round-data OUT/rac/data/round1 [--variants control,rac,all_recovery]
         [--episodes 50] [--steps 2000] [--threads 0] [--out data/bench/rac_composition]
+
+--report trains nothing: it prints where each variant puts the round's weight, by takeover reason
+and how the intervention ended (a round whose corrections the time limit cut holds little that
+trains, and half of each batch on a few hundred steps replays them again and again).
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ import shutil
 import sys
 import time
 from dataclasses import replace
+
+import numpy as np
 from pathlib import Path
 
 os.environ.setdefault("MUJOCO_GL", "egl")
@@ -47,7 +53,9 @@ from robo_rl.learn.recipes import camera_learner  # noqa: E402
 from robo_rl.policies import load_policy, read_checkpoint  # noqa: E402
 from robo_rl.policies.inference import predictor  # noqa: E402
 from robo_rl.rac.finetune import finetune  # noqa: E402
-from robo_rl.rac.mixing import CompositionConfig  # noqa: E402
+from robo_rl.data.store import EpisodeStore  # noqa: E402
+from robo_rl.rac.mixing import CompositionConfig, composition_report, composition_weights  # noqa: E402
+from robo_rl.sim.interventions import OPERATOR_LABELS  # noqa: E402
 from robo_rl.sim.evaluate import evaluate_with_recoveries  # noqa: E402
 
 EVERY = {"no_recovery_after": []}
@@ -75,6 +83,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=2000, help="fine-tune steps (retrain: the checkpoint's own)")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--out", default="data/bench/rac_composition")
+    ap.add_argument("--report", action="store_true", help="print where the round's weight goes; train nothing")
     args = ap.parse_args()
     console = make_console()
     names = [v for v in args.variants.split(",") if v]
@@ -83,6 +92,8 @@ def main() -> int:
         sys.exit(f"rac_composition: unknown variants {unknown}; choose from {list(VARIANTS)}")
     ckpt = read_checkpoint(args.checkpoint)
     demos = [(ckpt["dataset"], ckpt.get("n_episodes"))]
+    if args.report:
+        return report(console, demos[0], Path(args.round_data), names)
     chunking = dict(ckpt.get("chunking") or {})
     pre = (ckpt.get("config") or {}).get("learner") or {}
     out = Path(args.out)
@@ -123,6 +134,48 @@ def main() -> int:
                           *(f"{r['stage_reach'][s]:.0%}" for s in stages), str(r["train_steps"]),
                           f"{r['train_s'] / 60:.1f}", f"{r['eval_s'] / 60:.1f}"])
     console.print(t)
+    return 0
+
+
+def report(console, demos: tuple[str, int | None], round_data: Path, names: list[str]) -> int:
+    """Each variant's share of the batch by (takeover reason, ending): steps that train, of the
+    operator steps recorded, and the share of each batch they get."""
+    import re
+
+    sources = []
+    for path, n, is_demo in [(demos[0], demos[1], True), (round_data, None, False)]:
+        store = EpisodeStore.open(path, mode="r")
+        count = store.n_episodes if n is None else min(int(n), store.n_episodes)
+        starts = np.asarray(store.episode_starts[:count])
+        end = int(starts[-1] + store.episode_lengths[count - 1])
+        sources.append({"segments": np.asarray(store.array("segment")[:end]), "episode_starts": starts, "demo": is_demo,
+                        "interventions": [(m.extra or {}).get("interventions") or [] for m in store.metas[:count]],
+                        "successes": [bool(m.success) for m in store.metas[:count]]})
+    seg, starts = sources[1]["segments"], sources[1]["episode_starts"]
+    ends = np.r_[starts[1:], len(seg)]
+    operator = np.isin(seg, OPERATOR_LABELS)
+    spans: dict[tuple[str, str], list[np.ndarray]] = {}  # (reason, ending) -> the operator steps of those interventions
+    for start, stop, records in zip(starts, ends, sources[1]["interventions"]):
+        for rec in records:
+            key = (re.sub(r" for [0-9.]+ s$", "", rec["reason"]), rec["ended"])
+            t = start + int(rec["step"])
+            first = t
+            while t < stop and operator[t]:
+                t += 1
+            spans.setdefault(key, []).append(np.arange(first, t))
+    for name in names:
+        overrides, _, data = VARIANTS[name]
+        if not data:
+            continue
+        weights = composition_weights(sources, CompositionConfig(**overrides))
+        total = sum(float(w.sum()) for w in weights)
+        t = table(f"{name}: {composition_report(sources, weights)}",
+                  ["takeover reason", "ended", "interventions", "operator steps", "steps that train", "share of each batch"])
+        for key, idx in sorted(spans.items(), key=lambda kv: -float(weights[1][np.concatenate(kv[1])].sum())):
+            at = np.concatenate(idx)
+            t.add_row(*key, str(len(idx)), str(len(at)), str(int((weights[1][at] > 0).sum())),
+                      f"{float(weights[1][at].sum()) / total:.1%}")
+        console.print(t)
     return 0
 
 
