@@ -54,7 +54,7 @@ from robo_rl.policies import load_policy, read_checkpoint  # noqa: E402
 from robo_rl.policies.inference import predictor  # noqa: E402
 from robo_rl.rac.finetune import finetune  # noqa: E402
 from robo_rl.data.store import EpisodeStore  # noqa: E402
-from robo_rl.rac.mixing import CompositionConfig, composition_report, composition_weights  # noqa: E402
+from robo_rl.rac.mixing import CompositionConfig, composition_report, composition_weights, intervention_mask  # noqa: E402
 from robo_rl.sim.interventions import OPERATOR_LABELS  # noqa: E402
 from robo_rl.sim.evaluate import evaluate_with_recoveries  # noqa: E402
 
@@ -151,18 +151,17 @@ def report(console, demos: tuple[str, int | None], round_data: Path, names: list
         sources.append({"segments": np.asarray(store.array("segment")[:end]), "episode_starts": starts, "demo": is_demo,
                         "interventions": [(m.extra or {}).get("interventions") or [] for m in store.metas[:count]],
                         "successes": [bool(m.success) for m in store.metas[:count]]})
-    seg, starts = sources[1]["segments"], sources[1]["episode_starts"]
-    ends = np.r_[starts[1:], len(seg)]
-    operator = np.isin(seg, OPERATOR_LABELS)
-    spans: dict[tuple[str, str], list[np.ndarray]] = {}  # (reason, ending) -> the operator steps of those interventions
-    for start, stop, records in zip(starts, ends, sources[1]["interventions"]):
-        for rec in records:
-            key = (re.sub(r" for [0-9.]+ s$", "", rec["reason"]), rec["ended"])
-            t = start + int(rec["step"])
-            first = t
-            while t < stop and operator[t]:
-                t += 1
-            spans.setdefault(key, []).append(np.arange(first, t))
+    seg, starts, records = sources[1]["segments"], sources[1]["episode_starts"], sources[1]["interventions"]
+
+    def kind(rec: dict) -> tuple[str, str]:
+        return re.sub(r" for [0-9.]+ s$", "", rec["reason"]), rec["ended"]
+
+    # (reason, ending) -> how many interventions, and their operator steps (mixing's own span rule)
+    counts: dict[tuple[str, str], int] = {}
+    for rec in (r for episode in records for r in episode):
+        counts[kind(rec)] = counts.get(kind(rec), 0) + 1
+    spans = {key: intervention_mask(seg, starts, records, lambda rec, key=key: kind(rec) == key, OPERATOR_LABELS)
+             for key in counts}
     for name in names:
         overrides, _, data = VARIANTS[name]
         if not data:
@@ -171,9 +170,8 @@ def report(console, demos: tuple[str, int | None], round_data: Path, names: list
         total = sum(float(w.sum()) for w in weights)
         t = table(f"{name}: {composition_report(sources, weights)}",
                   ["takeover reason", "ended", "interventions", "operator steps", "steps that train", "share of each batch"])
-        for key, idx in sorted(spans.items(), key=lambda kv: -float(weights[1][np.concatenate(kv[1])].sum())):
-            at = np.concatenate(idx)
-            t.add_row(*key, str(len(idx)), str(len(at)), str(int((weights[1][at] > 0).sum())),
+        for key, at in sorted(spans.items(), key=lambda kv: -float(weights[1][kv[1]].sum())):
+            t.add_row(*key, str(counts[key]), str(int(at.sum())), str(int((weights[1][at] > 0).sum())),
                       f"{float(weights[1][at].sum()) / total:.1%}")
         console.print(t)
     return 0
