@@ -21,6 +21,10 @@ Variants (pick with --variants):
                         do its re-grips help or hurt?
     rac_no_stalls       rac without any operator step after a "no progress" takeover (composition.no_intervention_after):
                         do the stall corrections (most of a TransferCube round) help or hurt?
+    corrections_no_regrips
+                        corrections without the re-grips (every takeover but a stall: dead ends, regressions,
+                        misaligned grasps): do the corrections that lift the cube again cost the lift?
+    corrections_80      corrections with 80% of each batch from the demos: is it the round's share of the batch?
     all_recovery_fresh  all_recovery retrained from fresh weights with the pre-training's steps and lr
 
     python bench/rac_composition.py --checkpoint CKPT --round-data OUT/rac/data/round1 [--variants control,rac,all_recovery]
@@ -59,6 +63,7 @@ from robo_rl.sim.interventions import OPERATOR_LABELS  # noqa: E402
 from robo_rl.sim.evaluate import evaluate_with_recoveries  # noqa: E402
 
 EVERY = {"no_recovery_after": []}
+REGRIPS = ["dead end", "stage regressed", "left gripper closed", "right gripper closed"]  # every takeover but a stall
 VARIANTS = {  # name -> (composition overrides, retrain from fresh weights, uses the round's data)
     "control": ({"mode": "rac"}, False, False),
     "rac": ({"mode": "rac"}, False, True),
@@ -70,6 +75,8 @@ VARIANTS = {  # name -> (composition overrides, retrain from fresh weights, uses
     "rac_no_dead_ends": ({"mode": "rac", "no_intervention_after": ["dead end"]}, False, True),
     "rac_no_stalls": ({"mode": "rac", "no_intervention_after": ["no progress"]}, False, True),
     "rac_half_recovery": ({"mode": "rac", "segment_weights": {"RECOVERY": 0.5}}, False, True),
+    "corrections_no_regrips": ({"mode": "corrections", "no_intervention_after": REGRIPS}, False, True),
+    "corrections_80": ({"mode": "corrections", "demo_share": 0.8}, False, True),
     "all_recovery_fresh": ({"mode": "rac", **EVERY}, True, True),
 }
 
