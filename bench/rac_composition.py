@@ -25,6 +25,8 @@ Variants (pick with --variants):
                         corrections without the re-grips (every takeover but a stall: dead ends, regressions,
                         misaligned grasps): do the corrections that lift the cube again cost the lift?
     corrections_80      corrections with 80% of each batch from the demos: is it the round's share of the batch?
+    corrections_no_regrips_80
+                        both: the hand-over corrections alone, at 20% of each batch
     all_recovery_fresh  all_recovery retrained from fresh weights with the pre-training's steps and lr
 
     python bench/rac_composition.py --checkpoint CKPT --round-data OUT/rac/data/round1 [--variants control,rac,all_recovery]
@@ -77,6 +79,7 @@ VARIANTS = {  # name -> (composition overrides, retrain from fresh weights, uses
     "rac_half_recovery": ({"mode": "rac", "segment_weights": {"RECOVERY": 0.5}}, False, True),
     "corrections_no_regrips": ({"mode": "corrections", "no_intervention_after": REGRIPS}, False, True),
     "corrections_80": ({"mode": "corrections", "demo_share": 0.8}, False, True),
+    "corrections_no_regrips_80": ({"mode": "corrections", "no_intervention_after": REGRIPS, "demo_share": 0.8}, False, True),
     "all_recovery_fresh": ({"mode": "rac", **EVERY}, True, True),
 }
 
