@@ -60,6 +60,7 @@ from robo_rl.policies import load_policy, read_checkpoint  # noqa: E402
 from robo_rl.policies.inference import predictor  # noqa: E402
 from robo_rl.rac.finetune import finetune  # noqa: E402
 from robo_rl.data.store import EpisodeStore  # noqa: E402
+from robo_rl.errors import RoboRLError  # noqa: E402
 from robo_rl.rac.mixing import CompositionConfig, composition_report, composition_weights, intervention_mask  # noqa: E402
 from robo_rl.sim.interventions import OPERATOR_LABELS  # noqa: E402
 from robo_rl.sim.evaluate import evaluate_with_recoveries  # noqa: E402
@@ -188,4 +189,7 @@ def report(console, demos: tuple[str, int | None], round_data: Path, names: list
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except RoboRLError as e:  # a missing store or checkpoint: one line (a checkpoint's dataset path is relative to where it trained)
+        sys.exit(f"rac_composition: {e}")
