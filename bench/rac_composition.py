@@ -22,8 +22,8 @@ Variants (pick with --variants):
     rac_no_stalls       rac without any operator step after a "no progress" takeover (composition.no_intervention_after):
                         do the stall corrections (most of a TransferCube round) help or hurt?
     corrections_no_regrips
-                        corrections without the re-grips (every takeover but a stall: dead ends, regressions,
-                        misaligned grasps): do the corrections that lift the cube again cost the lift?
+                        corrections without the re-grips (after dead ends, regressions and misaligned grasps:
+                        the stalls' corrections stay): do the corrections that lift the cube again cost the lift?
     corrections_80      corrections with 80% of each batch from the demos: is it the round's share of the batch?
     corrections_no_regrips_80
                         both: the hand-over corrections alone, at 20% of each batch
@@ -58,7 +58,7 @@ from robo_rl.learn import LearnerConfig  # noqa: E402
 from robo_rl.learn.recipes import camera_learner  # noqa: E402
 from robo_rl.policies import load_policy, read_checkpoint  # noqa: E402
 from robo_rl.policies.inference import predictor  # noqa: E402
-from robo_rl.rac.finetune import finetune  # noqa: E402
+from robo_rl.rac.finetune import composition_source, finetune  # noqa: E402
 from robo_rl.data.store import EpisodeStore  # noqa: E402
 from robo_rl.errors import RoboRLError  # noqa: E402
 from robo_rl.rac.mixing import CompositionConfig, composition_report, composition_weights, intervention_mask  # noqa: E402
@@ -66,7 +66,7 @@ from robo_rl.sim.interventions import OPERATOR_LABELS  # noqa: E402
 from robo_rl.sim.evaluate import evaluate_with_recoveries  # noqa: E402
 
 EVERY = {"no_recovery_after": []}
-REGRIPS = ["dead end", "stage regressed", "left gripper closed", "right gripper closed"]  # every takeover but a stall
+REGRIPS = ["dead end", "stage regressed", "left gripper closed", "right gripper closed"]  # takeovers whose correction grips again
 VARIANTS = {  # name -> (composition overrides, retrain from fresh weights, uses the round's data)
     "control": ({"mode": "rac"}, False, False),
     "rac": ({"mode": "rac"}, False, True),
@@ -156,12 +156,7 @@ def report(console, demos: tuple[str, int | None], round_data: Path, names: list
     sources = []
     for path, n, is_demo in [(demos[0], demos[1], True), (round_data, None, False)]:
         store = EpisodeStore.open(path, mode="r")
-        count = store.n_episodes if n is None else min(int(n), store.n_episodes)
-        starts = np.asarray(store.episode_starts[:count])
-        end = int(starts[-1] + store.episode_lengths[count - 1])
-        sources.append({"segments": np.asarray(store.array("segment")[:end]), "episode_starts": starts, "demo": is_demo,
-                        "interventions": [(m.extra or {}).get("interventions") or [] for m in store.metas[:count]],
-                        "successes": [bool(m.success) for m in store.metas[:count]]})
+        sources.append(composition_source(store, store.n_episodes if n is None else min(int(n), store.n_episodes), is_demo))
     seg, starts, records = sources[1]["segments"], sources[1]["episode_starts"], sources[1]["interventions"]
 
     def kind(rec: dict) -> tuple[str, str]:

@@ -33,6 +33,21 @@ from robo_rl.policies.body import TensorNormalizer
 from robo_rl.rac.mixing import CompositionConfig, MixedSampler, composition_report, composition_weights
 
 
+def composition_source(store: EpisodeStore, count: int, demo: bool, segments: Any = None,
+                       episode_starts: Any = None) -> dict[str, Any]:
+    """What `composition_weights` reads of a store's first `count` episodes: their segment labels,
+    episode starts, intervention records and successes (segments and starts read from the store
+    unless a sampler already holds them)."""
+    if segments is None:
+        episode_starts = np.asarray(store.episode_starts[:count])
+        end = int(episode_starts[-1] + store.episode_lengths[count - 1]) if count else 0
+        segments = np.asarray(store.array("segment")[:end])
+    metas = store.metas[:count]
+    return {"segments": segments, "episode_starts": episode_starts, "demo": demo,
+            "interventions": [(m.extra or {}).get("interventions") or [] for m in metas],
+            "successes": [bool(m.success) for m in metas]}
+
+
 def finetune(checkpoint: Mapping[str, Any], demos: Sequence[tuple[str | Path, int | None]],
              interventions: Sequence[str | Path], composition: CompositionConfig, learner: LearnerConfig,
              run_dir: str | Path, evaluate: Callable[[Any, int], Mapping[str, Any]] | None = None,
@@ -62,10 +77,7 @@ def finetune(checkpoint: Mapping[str, Any], demos: Sequence[tuple[str | Path, in
             raise ConfigError(f"finetune: {path} gives camera frames at {wrong}, the policy was trained on "
                               f"{ {k: list(policy.shapes.images[k]) for k in wrong} }; record at the policy's image size")
         samplers.append(s)
-        records = [(m.extra or {}).get("interventions") or [] for m in store.metas[:count]]
-        sources.append({"segments": s.data["segment"], "episode_starts": np.unique(s.start), "demo": is_demo,
-                        "interventions": records, "successes": [bool(m.success) for m in store.metas[:count]],
-                        "path": str(path)})
+        sources.append({**composition_source(store, count, is_demo, s.data["segment"], np.unique(s.start)), "path": str(path)})
     if not samplers:
         raise ConfigError("finetune: no episodes in the given stores")
     weights = composition_weights(sources, composition)
