@@ -353,6 +353,8 @@ def test_the_demo_runs_the_whole_story_at_toy_size(tmp_path):
     r = _cli("demo", "small.demos=2", "small.pretrain_steps=10", "small.episodes_per_round=2", "small.finetune_steps=5",
              "small.eval_episodes=2", "n_envs=2", "threads=1", "videos=0", "from_scratch=false", f"out={out2}")
     assert r.returncode == 0, r.stdout + r.stderr
+    # processes=2 (the default) on a CPU: the control's fine-tune ran in a second process beside the round's
+    assert "beside the round's fine-tune" in r.stdout
     assert read_checkpoint(out2 / "control" / "checkpoints" / "last.pt")["finetune"]["stores"] == [str(out2 / "demos")]
     assert read_checkpoint(out2 / "rac-round1" / "checkpoints" / "last.pt")["step"] == 5
     seeds = {k: [e["seed"] for e in json.loads((out2 / f"eval-{k}" / "eval.json").read_text())["per_episode"]]
@@ -433,13 +435,14 @@ def test_the_demo_with_cameras_records_trains_and_rolls_out_on_frames(tmp_path):
     out = tmp_path / "demo"
     r = _cli("demo", "obs=images", "cameras=[top]", "image_size=[32,48]", "small.demos=1", "small.pretrain_steps=5",
              "small.episodes_per_round=1", "small.eval_episodes=1", "n_envs=1", "threads=1", "videos=0",
-             "small.finetune_steps=3", "+image_policy.noise_samples=2", f"out={out}")
+             "small.finetune_steps=3", "+image_policy.noise_samples=2", "processes=1", f"out={out}")
     assert r.returncode == 0, r.stdout + r.stderr
     from robo_rl.policies import read_checkpoint
 
-    # from_scratch=auto with cameras: RaC fine-tunes the pre-trained weights and the control is trained too
+    # from_scratch=auto with cameras: RaC fine-tunes the pre-trained weights and the control is trained
+    # too, here (processes=1) after the round's fine-tune, in this process
     res = json.loads((out / "results.json").read_text())
-    assert not res["control_is_pretraining"] and "control (no new data)" in r.stdout
+    assert not res["control_is_pretraining"] and "control (no new data)" in r.stdout and "beside" not in r.stdout
     assert read_checkpoint(out / "rac-round1" / "checkpoints" / "last.pt")["step"] == 3
     assert read_checkpoint(out / "control" / "checkpoints" / "last.pt")["step"] == 3
 

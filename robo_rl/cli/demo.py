@@ -111,7 +111,8 @@ def run(cfg: DictConfig) -> int:
     s, out = st.sizes, Path(cfg.out)
     # Every row on the same seeds, one video each, in `eval_parts` parts of consecutive episodes, each
     # part with its own noise seed and one torch thread. processes=2 runs a part beside the other,
-    # and the pre-trained policy's evaluation beside RaC's first round: the same rows in less time.
+    # the pre-trained policy's evaluation beside RaC's first round, and on a CPU the control's
+    # fine-tune beside the round's: the same rows in less time.
     n_eval, parts, side_by_side = int(s["eval_episodes"]), int(cfg.eval_parts), int(cfg.processes) > 1
     demos = Path(str(cfg.demos_from)) if cfg.demos_from else out / "demos"
     recorded = existing_demos(demos, cfg.task, int(s["demos"]), st.obs_keys, st.image_size) if cfg.demos_from else None
@@ -166,7 +167,7 @@ def run(cfg: DictConfig) -> int:
                        bool(cfg.from_scratch), CompositionConfig(**OmegaConf.to_container(cfg.composition, resolve=True)),
                        st.device, checkpoint_info(policy, cfg.task, demos, n_demos, st.obs_keys, chunking))
     res = run_before_after(plan, policy, lambda bs, g, w: sampler.sample(bs, g, w), collect, evaluate, stages,
-                           bool(cfg.resume), evaluate_beside if side_by_side else None)
+                           bool(cfg.resume), evaluate_beside if side_by_side else None, control_beside=side_by_side)
     report(cfg, st, rec, res, stages, time.perf_counter() - t_start)
     return 0
 

@@ -15,7 +15,7 @@ fine-tune on the demos alone.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
 
@@ -54,10 +54,13 @@ class PendingRow(Protocol):
 
 def run_before_after(plan: BeforeAfter, policy: Any, sample: Callable[..., Any], collect: Collect,
                      evaluate: EvaluateRow, stages: Stages, resume: bool,
-                     evaluate_beside: Callable[[Path], PendingRow] | None = None) -> dict[str, Any]:
+                     evaluate_beside: Callable[[Path], PendingRow] | None = None,
+                     control_beside: bool = False) -> dict[str, Any]:
     """Pre-train `policy` on batches from `sample(batch_size, generator, weighted)`, then the rounds
-    and the control. Returns the three rows (before, control, after), the verdict and each round's
-    collection counts."""
+    and the control. `control_beside`: on a CPU, fine-tune the control in a second process beside
+    the round's fine-tune, one thread each (one round only). Returns the three rows (before,
+    control, after), the verdict and each round's collection counts."""
+    from robo_rl.beside import Beside
     from robo_rl.learn import Learner
     from robo_rl.policies import load_policy, read_checkpoint
     from robo_rl.policies.inference import predictor
@@ -77,10 +80,22 @@ def run_before_after(plan: BeforeAfter, policy: Any, sample: Callable[..., Any],
     ckpt = read_checkpoint(pre_last)
     base = load_policy(ckpt, device=plan.device)
 
+    # 5. the control, the same training on the demos alone: after the rounds, or beside the round's
+    # fine-tune once its rollouts are in (on a 2-core CPU two one-thread trainings side by side end
+    # sooner than one after the other on both threads: docs/results.md, "RaC with a camera policy")
+    control_rounds = Rounds("no_new_data", 1, ckpt, [(plan.demos, plan.n_demos)], lambda r: out / "control",
+                            lambda r: out / "control", plan.train, plan.composition, False, plan.device,
+                            stage_names=("", "5 {how}, control", ""))
+    control_stage = control_rounds.stage(1, 1)
     # 3-4. the rounds: each collects with the policy of the round before and trains on the demos
     # plus every intervention so far
     rounds = Rounds("rac", plan.rounds, ckpt, [(plan.demos, plan.n_demos)], lambda r: out / "interventions" / f"round{r}",
                     lambda r: out / f"rac-round{r}", plan.train, plan.composition, plan.from_scratch, plan.device)
+    beside = (control_beside and not plan.from_scratch and plan.rounds == 1 and plan.device == "cpu"
+              and not {control_stage, rounds.stage(1, 1)} & set(stages.done))
+    if beside:
+        rounds, control_rounds = (replace(r, learner=replace(plan.train, threads=1)) for r in (rounds, control_rounds))
+    control_pending: PendingRow | None = None
     # the pre-trained policy's row: evaluated beside round 1 where the caller can (the twin steps
     # on one core each), and taken after the round's rollouts
     pending: PendingRow | None = None
@@ -92,29 +107,36 @@ def run_before_after(plan: BeforeAfter, policy: Any, sample: Callable[..., Any],
         before = stages.run("2 evaluate pre-trained", lambda: evaluate(base, "pretrained", pre_last))
 
     def after_collect(r: int) -> None:
-        nonlocal pending, before
+        nonlocal pending, before, control_pending
         if pending is not None:
             print("   the pre-trained policy's evaluation, beside the round: waiting for it")
             before = stages.run("2 evaluate pre-trained", pending.result)
             pending = None
+        if beside:
+            print(f"5/6 control: fine-tune on the demos alone, no new data, {plan.train.steps} steps, in a second "
+                  "process beside the round's fine-tune (one thread each)")
+            control_pending = Beside(train_control, str(pre_last), [(str(plan.demos), plan.n_demos)], plan.composition,
+                                     control_rounds.learner, str(out / "control"), resume)
 
     try:
         after_policy, round_rows = run_rounds(rounds, base, predictor(base), collect, stages=stages, resume=resume,
                                               after_collect=after_collect, predictor=predictor)
+        if control_pending is not None:
+            print("   the control's fine-tune, beside it: waiting for it")
+            stages.run(control_stage, control_pending.result)
     except BaseException:
-        if pending is not None:
-            pending.cancel()
+        for child in (pending, control_pending):
+            if child is not None:
+                child.cancel()
         raise
     assert before is not None  # after_collect ran
 
-    # 5. the control: the same training on the demos alone
     if plan.from_scratch:
         print("5/6 control: retraining on the demos alone is the pre-training itself (same recipe, steps and seed)")
+    elif control_pending is not None:
+        control_policy = load_policy(read_checkpoint(out / "control" / "checkpoints" / "last.pt"), device=plan.device)
     else:
         print(f"5/6 control: fine-tune on the demos alone, no new data, {plan.train.steps} steps")
-        control_rounds = Rounds("no_new_data", 1, ckpt, [(plan.demos, plan.n_demos)], lambda r: out / "control",
-                                lambda r: out / "control", plan.train, plan.composition, False, plan.device,
-                                stage_names=("", "5 {how}, control", ""))
         control_policy, _ = run_rounds(control_rounds, base, None, collect, stages=stages, resume=resume)
 
     # 6. both on the pre-trained policy's seeds
@@ -128,3 +150,14 @@ def run_before_after(plan: BeforeAfter, policy: Any, sample: Callable[..., Any],
             "rounds": [{"round": row["round"], "collect": row["collect"], "operator_samples": row["operator_samples"]}
                        for row in round_rows],
             "operator_samples": round_rows[-1]["operator_samples"], "pretrained_beside": pretrained_beside}
+
+
+def train_control(checkpoint: str, demos: list[tuple[str, int | None]], composition: Any, learner: Any,
+                  run_dir: str, resume: bool) -> dict[str, Any]:
+    """The control's fine-tune as a second process runs it (`control_beside`): what `run_rounds`
+    trains for the no_new_data method, with its stage's result."""
+    from robo_rl.policies import read_checkpoint
+    from robo_rl.rac.finetune import finetune
+
+    return trained(finetune(read_checkpoint(Path(checkpoint)), demos, [], composition, learner, run_dir,
+                            progress=False, resume=resume)[1])

@@ -177,47 +177,24 @@ def run_parts(policy: Any, task: str, chunking: Mapping[str, Any], spans: list[t
 
 
 class EvaluationProcess:
-    """`evaluate_parts` in a spawned process, while this one does other work; `parts()` waits for
-    its EvalSummaries, `result()` for their row (evaluate_with_recoveries'). The child exits when
-    this process dies (a kill leaves no evaluation running on), and an error in it is raised here."""
+    """`evaluate_parts` in a spawned process (robo_rl/beside.py), while this one does other work;
+    `parts()` waits for its EvalSummaries, `result()` for their row (evaluate_with_recoveries').
+    The child exits when this process dies, and an error in it is raised here."""
 
     def __init__(self, checkpoint: Path, device: str, task: str, chunking: Mapping[str, Any],
                  spans: list[tuple[int, int]], n_envs: int, seed: int, out: Path | None, videos: int,
                  max_recoveries: int = 5):
-        import multiprocessing
-        import os
-        from concurrent.futures import ProcessPoolExecutor
+        from robo_rl.beside import Beside
 
-        # spawn, not fork: a forked child would inherit torch's thread pools and an EGL context
-        self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
-                                         initializer=_exit_with_parent, initargs=(os.getpid(),))
         self._out, self._max_recoveries = out, max_recoveries
-        self._future = self._pool.submit(evaluate_parts, str(checkpoint), device, task, dict(chunking), spans,
-                                         n_envs, seed, str(out) if out is not None else None, videos)
+        self._child = Beside(evaluate_parts, str(checkpoint), device, task, dict(chunking), spans, n_envs, seed,
+                             str(out) if out is not None else None, videos)
 
     def parts(self) -> list[Any]:
-        try:
-            return self._future.result()
-        finally:
-            self._pool.shutdown()
+        return self._child.result()
 
     def result(self) -> dict[str, Any]:
         return recovery_row(merge_shards(self.parts()), self._max_recoveries, self._out)
 
     def cancel(self) -> None:
-        for p in list(getattr(self._pool, "_processes", {}).values()):
-            p.kill()
-        self._pool.shutdown(wait=False, cancel_futures=True)
-
-
-def _exit_with_parent(parent: int) -> None:
-    import os
-    import threading
-    import time
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(1.0)
-        os._exit(1)
-
-    threading.Thread(target=watch, daemon=True).start()
+        self._child.cancel()
