@@ -354,7 +354,7 @@ def test_the_demo_runs_the_whole_story_at_toy_size(tmp_path):
              "small.eval_episodes=2", "n_envs=2", "threads=1", "videos=0", "from_scratch=false", f"out={out2}")
     assert r.returncode == 0, r.stdout + r.stderr
     # processes=2 (the default) on a CPU: the control's fine-tune ran in a second process beside the round's
-    assert "beside the round's fine-tune" in r.stdout
+    assert "beside the round's fine-tune" in r.stdout and "5 fine-tune, control (beside round 1's" in r.stdout
     assert read_checkpoint(out2 / "control" / "checkpoints" / "last.pt")["finetune"]["stores"] == [str(out2 / "demos")]
     assert read_checkpoint(out2 / "rac-round1" / "checkpoints" / "last.pt")["step"] == 5
     seeds = {k: [e["seed"] for e in json.loads((out2 / f"eval-{k}" / "eval.json").read_text())["per_episode"]]

@@ -149,7 +149,8 @@ def run_before_after(plan: BeforeAfter, policy: Any, sample: Callable[..., Any],
             "verdict": gain_verdict(before, control, after),
             "rounds": [{"round": row["round"], "collect": row["collect"], "operator_samples": row["operator_samples"]}
                        for row in round_rows],
-            "operator_samples": round_rows[-1]["operator_samples"], "pretrained_beside": pretrained_beside}
+            "operator_samples": round_rows[-1]["operator_samples"], "pretrained_beside": pretrained_beside,
+            "control_beside": control_pending is not None}
 
 
 def train_control(checkpoint: str, demos: list[tuple[str, int | None]], composition: Any, learner: Any,
