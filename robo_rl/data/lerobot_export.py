@@ -644,6 +644,9 @@ def _write_episode(store: EpisodeStore, plan: _Plan, e: int, codec: str, crf: in
     }
     for cam, video in zip(plan.cameras, videos):
         histogram = np.zeros((3, 256), dtype=np.int64)
+        if codec == "libsvtav1" and min(cam.height, cam.width) < 4:  # some svt-av1 builds take it, others refuse
+            raise ConfigError(f"{store.location}: camera {cam.key} ({cam.width}x{cam.height}) cannot be encoded "
+                              f"with {codec}: its frames must be 4x4 or larger")
         try:
             encoded = _encode_episode(_frame_blocks(store, cam.key, start, stop, histogram), plan.fps, codec, crf,
                                       cam.height, cam.width)
