@@ -235,8 +235,7 @@ def report(cfg: DictConfig, st: Settings, rec: dict[str, Any], res: dict[str, An
     (out / "results.json").write_text(json.dumps(result, indent=1))
     print_rows(rows, cfg.task, int(s["eval_episodes"]), res["operator_samples"], "GPU sizes" if cfg.full else "CPU sizes")
     print(res["verdict"]["line"])
-    beside = {**({"2 evaluate pre-trained": " (beside round 1: the wait after it)"} if res["pretrained_beside"] else {}),
-              **({"5 fine-tune, control": " (beside round 1's: the wait after it)"} if res["control_beside"] else {})}
+    beside = {k: f" ({where}: the wait after it)" for k, where in res["beside"].items()}
     print_table("time", ["step", "seconds"], [[k + beside.get(k, "") + (" (an earlier run)" if k in stages.resumed else ""),
                                                f"{v:.0f}"] for k, v in timings.items()] +
                 [["total", f"{sum(timings.values()):.0f}"], ["this run", f"{wall_s:.0f}"]])

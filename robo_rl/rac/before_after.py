@@ -59,7 +59,7 @@ def run_before_after(plan: BeforeAfter, policy: Any, sample: Callable[..., Any],
     """Pre-train `policy` on batches from `sample(batch_size, generator, weighted)`, then the rounds
     and the control. `control_beside`: on a CPU, fine-tune the control in a second process beside
     the round's fine-tune, one thread each (one round only). Returns the three rows (before,
-    control, after), the verdict and each round's collection counts."""
+    control, after), the verdict, each round's collection counts and the stages run beside."""
     from robo_rl.beside import Beside
     from robo_rl.learn import Learner
     from robo_rl.policies import load_policy, read_checkpoint
@@ -149,8 +149,10 @@ def run_before_after(plan: BeforeAfter, policy: Any, sample: Callable[..., Any],
             "verdict": gain_verdict(before, control, after),
             "rounds": [{"round": row["round"], "collect": row["collect"], "operator_samples": row["operator_samples"]}
                        for row in round_rows],
-            "operator_samples": round_rows[-1]["operator_samples"], "pretrained_beside": pretrained_beside,
-            "control_beside": control_pending is not None}
+            "operator_samples": round_rows[-1]["operator_samples"],
+            # the stages that ran in a second process, by stage name: their time is the wait after the round
+            "beside": {**({"2 evaluate pre-trained": "beside round 1"} if pretrained_beside else {}),
+                       **({control_stage: "beside round 1's fine-tune"} if control_pending is not None else {})}}
 
 
 def train_control(checkpoint: str, demos: list[tuple[str, int | None]], composition: Any, learner: Any,
