@@ -266,7 +266,7 @@ def test_a_tiny_rac_round_end_to_end(tmp_path):
     assert r.returncode == 0, r.stderr
     r = _cli("rac", f"checkpoint={run / 'checkpoints' / 'last.pt'}", "rounds=1", "episodes_per_round=2", "n_envs=2",
              "finetune.steps=5", "finetune.batch_size=8", "eval.episodes=2", "eval.n_envs=2", f"out={out}",
-             "operator_config.patience_s=1.0")
+             "operator_config.patience_s=1.0")  # processes=2: each evaluation's second episode in a spawned process
     assert r.returncode == 0, r.stdout + r.stderr
     assert "HG-DAgger" in r.stdout and "operator samples" in r.stdout
     res = json.loads((out / "results.json").read_text())
@@ -277,6 +277,8 @@ def test_a_tiny_rac_round_end_to_end(tmp_path):
     assert rows["no_new_data"]["operator_samples"] == 0 and rows["no_new_data"]["finetune_steps"] == 5
     assert not (out / "no_new_data" / "data").exists()
     assert 0.0 <= res["base"]["success_rate"] <= 1.0 and len(res["base"]["success_within"]) == 6
+    for row in ("eval-base", "rac/round1/eval", "no_new_data/round1/eval"):  # both halves, in episode order
+        assert [e["seed"] for e in json.loads((out / row / "eval.json").read_text())["per_episode"]] == [100_000, 100_001]
     for name in ("success_vs_samples", "success_vs_time", "test_time_scaling"):
         assert (out / f"{name}.png").stat().st_size > 1000
     # RaC episodes: POLICY, then RECOVERY, then CORRECTION, and nothing after (END)
@@ -526,7 +528,7 @@ def test_a_killed_rac_comparison_resumes_where_it_stopped(tmp_path, checkpoints)
     out = tmp_path / "rac"
     args = [f"checkpoint={checkpoints['state']}", "methods=[rac]", "rounds=2", "episodes_per_round=2", "n_envs=1",
             "finetune.steps=5", "finetune.batch_size=8", "eval.episodes=2", "eval.n_envs=1",
-            "operator_config.patience_s=1.0", f"out={out}"]
+            "operator_config.patience_s=1.0", f"out={out}"]  # processes=2: a spawned process evaluates half
     proc = subprocess.Popen([sys.executable, "-m", "robo_rl.cli.main", "rac", *args], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, env={**os.environ, "MUJOCO_GL": "egl"})
     try:
@@ -544,6 +546,8 @@ def test_a_killed_rac_comparison_resumes_where_it_stopped(tmp_path, checkpoints)
     assert r.returncode == 2 and "resume=true" in r.stderr
     r = _cli("rac", *args, "finetune.steps=6", "resume=true")
     assert r.returncode == 2 and "finetune.steps" in r.stderr
+    r = _cli("rac", *args, "processes=3", "resume=true")
+    assert r.returncode == 2 and "processes=3" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     r = _cli("rac", *args, "finetune.threads=1", "resume=true")
     assert r.returncode == 0, r.stdout + r.stderr
     res = json.loads((out / "results.json").read_text())
@@ -552,6 +556,8 @@ def test_a_killed_rac_comparison_resumes_where_it_stopped(tmp_path, checkpoints)
     assert res["rows"][1]["episodes"] == 4 and res["rows"][1]["finetune_steps"] == 5  # cumulative over the rounds
     assert (out / "rac" / "round1" / "checkpoints" / "last.pt").read_bytes() == fine_tuned
     assert EpisodeStore.open(out / "rac" / "data" / "round2").n_episodes == 2
+    for row in ("eval-base", "rac/round1/eval", "rac/round2/eval"):  # both halves of each evaluation, in order
+        assert [e["seed"] for e in json.loads((out / row / "eval.json").read_text())["per_episode"]] == [100_000, 100_001]
     assert list((out / "rac" / "data").glob("round2.interrupted-1"))
     assert "RaC round 2" in r.stdout
 

@@ -26,12 +26,17 @@ def main(argv: list[str]) -> int:
     return run_app("rac", "rac", run, argv)
 
 
-def evaluate(policy: Any, task: str, chunking: dict, cfg: DictConfig, out: Path | None, videos: int = 0,
-             predict: Any = None) -> dict[str, Any]:
+def evaluate(policy: Any, task: str, chunking: dict, cfg: DictConfig, out: Path | None, checkpoint: Path,
+             videos: int = 0, predict: Any = None) -> dict[str, Any]:
+    """One policy's row. processes=2: its episodes in two halves, the second in a spawned process
+    that loads `checkpoint` (the same weights), one torch thread each: the twin steps on one core,
+    so two cores take about half the time. processes=1: all in this process, on every thread."""
     from robo_rl.sim.evaluate import evaluate_with_recoveries
 
+    beside = int(cfg.processes) > 1
     return evaluate_with_recoveries(policy, task, chunking, int(cfg.eval.episodes), int(cfg.eval.n_envs), int(cfg.eval.seed),
-                                    int(cfg.eval.max_recoveries), out, videos, predict)
+                                    int(cfg.eval.max_recoveries), out, videos, predict, shards=2 if beside else 1,
+                                    beside=(checkpoint, next(policy.parameters()).device.type) if beside else None)
 
 
 def run(cfg: DictConfig) -> int:
@@ -54,6 +59,8 @@ def run(cfg: DictConfig) -> int:
         raise ConfigError("rac: view=true shows a human operator's rollouts (operator=keyboard|gamepad|...); the "
                           "simulated operator's rollouts run n_envs at a time, faster than real time: look at "
                           "them afterwards with robo-rl view OUT/rac/data/round1 episode=N")
+    if int(cfg.processes) not in (1, 2):
+        raise ConfigError(f"rac: processes={cfg.processes}; 2 evaluates in two halves side by side, 1 in this process")
     if int(cfg.rounds) < 1 or int(cfg.episodes_per_round) < 1:
         raise ConfigError(f"rac: rounds and episodes_per_round must be >= 1 (got {cfg.rounds}, {cfg.episodes_per_round})")
     ckpt = read_checkpoint(cfg.checkpoint)
@@ -118,7 +125,8 @@ def run_rounds(cfg: DictConfig, ckpt: dict[str, Any], task: str, demos: str, n_d
     # holds a traced graph whose memory TorchScript never gives back (FrozenPredictor).
     base_predict = predictor(base)
     results["base"] = stages.run("evaluate pre-trained",
-                                 lambda: evaluate(base, task, chunking, cfg, out / "eval-base", predict=base_predict))
+                                 lambda: evaluate(base, task, chunking, cfg, out / "eval-base", Path(cfg.checkpoint),
+                                                  predict=base_predict))
     save()
     budget: dict[int, int] = {}  # round -> RaC's cumulative operator samples
     cameras = sorted(k.rsplit("/", 1)[-1] for k in base.shapes.images)  # a camera policy's rollouts record them
@@ -144,7 +152,8 @@ def run_rounds(cfg: DictConfig, ckpt: dict[str, Any], task: str, demos: str, n_d
             return st.to_dict()
 
         def evaluate_round(policy: Any, predict: Any, eval_out: Path, r: int) -> dict[str, Any]:
-            return evaluate(policy, task, chunking, cfg, eval_out, videos=2 if r == int(cfg.rounds) else 0, predict=predict)
+            return evaluate(policy, task, chunking, cfg, eval_out, plan.run_dir(r) / "checkpoints" / "last.pt",
+                            videos=2 if r == int(cfg.rounds) else 0, predict=predict)
 
         def extra(r: int, method: str = method) -> dict[str, Any]:
             return {"rac": {"method": method, "round": r}}
