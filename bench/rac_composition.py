@@ -54,7 +54,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 sys.path.insert(0, str(Path(__file__).parent))
 from common import cpu_kind, make_console, table  # noqa: E402
 
-from robo_rl.learn import LearnerConfig  # noqa: E402
+from robo_rl.learn import LearnerConfig, last_checkpoint  # noqa: E402
 from robo_rl.learn.recipes import camera_learner  # noqa: E402
 from robo_rl.policies import load_policy, read_checkpoint  # noqa: E402
 from robo_rl.policies.inference import predictor  # noqa: E402
@@ -127,7 +127,7 @@ def main() -> int:
         policy, fit = finetune(ckpt, demos, stores, CompositionConfig(**overrides), learner, run_dir,
                                progress=True, from_scratch=retrain)
         train_s = time.time() - t0
-        policy = load_policy(read_checkpoint(run_dir / "checkpoints" / "last.pt"), device="cpu")
+        policy = load_policy(read_checkpoint(last_checkpoint(run_dir)), device="cpu")
         t0 = time.time()
         ev = evaluate_with_recoveries(policy, ckpt["task"], chunking, args.episodes, 10, 100_000, 5, run_dir / "eval",
                                       0, predictor(policy))

@@ -197,7 +197,7 @@ def store_source(cfg: DictConfig, path: Path, device) -> dict:
 def run(cfg: DictConfig) -> int:
     import torch
 
-    from robo_rl.learn.learner import resolve_device, seed_everything
+    from robo_rl.learn.learner import last_checkpoint, resolve_device, seed_everything
     from robo_rl.learn.offline import OfflineConfig, OfflineLoop
     if cfg.rl.name not in AGENT_NAMES:
         raise ConfigError(f"offline-rl: agent={cfg.rl.name!r} unknown; agents are {', '.join(AGENT_NAMES)}")
@@ -217,7 +217,7 @@ def run(cfg: DictConfig) -> int:
     seed_everything(int(cfg.seed))
     device = resolve_device(str(cfg.device))
     run_dir = resolve_run_dir(cfg)
-    last = run_dir / "checkpoints" / "last.pt"
+    last = last_checkpoint(run_dir)
     if cfg.resume and not last.is_file():
         raise ConfigError(f"offline-rl: resume=true but {last} does not exist")
     if not cfg.resume and last.is_file():

@@ -87,7 +87,7 @@ def run(cfg: DictConfig) -> int:
 
 def run_rounds(cfg: DictConfig, ckpt: dict[str, Any], task: str, demos: str, n_demos: int | None, out: Path,
                methods: list[str], human_session: "HumanSession | None", stages: Any) -> int:
-    from robo_rl.learn import LearnerConfig
+    from robo_rl.learn import LearnerConfig, last_checkpoint
     from robo_rl.learn.learner import resolve_device
     from robo_rl.learn.recipes import with_camera_learner
     from robo_rl.policies import load_policy
@@ -152,7 +152,7 @@ def run_rounds(cfg: DictConfig, ckpt: dict[str, Any], task: str, demos: str, n_d
             return st.to_dict()
 
         def evaluate_round(policy: Any, predict: Any, eval_out: Path, r: int) -> dict[str, Any]:
-            return evaluate(policy, task, chunking, cfg, eval_out, plan.run_dir(r) / "checkpoints" / "last.pt",
+            return evaluate(policy, task, chunking, cfg, eval_out, last_checkpoint(plan.run_dir(r)),
                             videos=2 if r == int(cfg.rounds) else 0, predict=predict)
 
         def extra(r: int, method: str = method) -> dict[str, Any]:

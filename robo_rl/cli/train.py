@@ -53,7 +53,7 @@ def run(cfg: DictConfig) -> int:
     from robo_rl.learn.from_store import policy_for_store
     from robo_rl.learn.plots import print_training_plots
     from robo_rl.sim.evaluate import run_eval, write_eval
-    from robo_rl.learn import Learner, LearnerConfig
+    from robo_rl.learn import Learner, LearnerConfig, last_checkpoint
     from robo_rl.learn.learner import resolve_device
     from robo_rl.policies import checkpoint_info
     from robo_rl.sim.tasks import TASKS
@@ -63,7 +63,7 @@ def run(cfg: DictConfig) -> int:
     if not cfg.dataset:
         raise ConfigError("train: pass dataset=PATH (an episode store, e.g. from robo-rl collect)")
     run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg)
-    last = run_dir / "checkpoints" / "last.pt"
+    last = last_checkpoint(run_dir)
     if cfg.resume and not last.is_file():
         raise ConfigError(f"train: resume=true but {last} does not exist; pass run_dir= of the run to continue")
     if not cfg.resume and last.is_file():

@@ -188,6 +188,11 @@ SampleFn = Callable[[int, torch.Generator, bool], Mapping[str, torch.Tensor]]
 EvalFn = Callable[[nn.Module, int], Mapping[str, float]]
 
 
+def last_checkpoint(run_dir: str | Path) -> Path:
+    """Where a run directory keeps its latest checkpoint: every verb resumes and loads from here."""
+    return Path(run_dir) / "checkpoints" / "last.pt"
+
+
 class Learner:
     """Trains `model` on batches from `sample(batch_size, generator, weighted)`.
 
@@ -265,7 +270,7 @@ class Learner:
         if not self.dist.main:
             return None
         state = self.state()
-        last = self.checkpoint_dir / "last.pt"
+        last = last_checkpoint(self.run_dir)
         atomic_save(state, last)
         if self.cfg.keep_checkpoints > 0:
             atomic_save(state, self.checkpoint_dir / f"step_{self.step:08d}.pt")
@@ -297,7 +302,7 @@ class Learner:
 
     def resume_from_last(self) -> bool:
         """Go on from `run_dir`'s last checkpoint if there is one; False if there is none."""
-        last = self.checkpoint_dir / "last.pt"
+        last = last_checkpoint(self.run_dir)
         if last.is_file():
             self.load(last)
         return last.is_file()

@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping, Protocol
 
 import torch
 
-from robo_rl.learn.learner import atomic_save, rng_state, set_rng_state
+from robo_rl.learn.learner import atomic_save, last_checkpoint, rng_state, set_rng_state
 
 
 class Agent(Protocol):
@@ -64,7 +64,7 @@ class OfflineLoop:
 
     @property
     def last_path(self) -> Path:
-        return self.run_dir / "checkpoints" / "last.pt"
+        return last_checkpoint(self.run_dir)
 
     def save(self) -> None:
         optimizer = getattr(self.agent, "optimizer", None)  # Adam's moments: a resumed run continues exactly

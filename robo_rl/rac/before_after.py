@@ -61,12 +61,12 @@ def run_before_after(plan: BeforeAfter, policy: Any, sample: Callable[..., Any],
     the round's fine-tune, one thread each (one round only). Returns the three rows (before,
     control, after), the verdict, each round's collection counts and the stages run beside."""
     from robo_rl.beside import Beside
-    from robo_rl.learn import Learner
+    from robo_rl.learn import Learner, last_checkpoint
     from robo_rl.policies import load_policy, read_checkpoint
     from robo_rl.policies.inference import predictor
 
     out = plan.out
-    pre_last = out / "pretrain" / "checkpoints" / "last.pt"
+    pre_last = last_checkpoint(out / "pretrain")
 
     def pretrain() -> dict[str, Any]:
         print(f"2/6 pre-train a flow policy ({sum(p.numel() for p in policy.parameters()) / 1e6:.2f}M params) on "
@@ -134,7 +134,7 @@ def run_before_after(plan: BeforeAfter, policy: Any, sample: Callable[..., Any],
     if plan.from_scratch:
         print("5/6 control: retraining on the demos alone is the pre-training itself (same recipe, steps and seed)")
     elif control_pending is not None:
-        control_policy = load_policy(read_checkpoint(out / "control" / "checkpoints" / "last.pt"), device=plan.device)
+        control_policy = load_policy(read_checkpoint(last_checkpoint(out / "control")), device=plan.device)
     else:
         print(f"5/6 control: fine-tune on the demos alone, no new data, {plan.train.steps} steps")
         control_policy, _ = run_rounds(control_rounds, base, None, collect, stages=stages, resume=resume)
@@ -142,9 +142,9 @@ def run_before_after(plan: BeforeAfter, policy: Any, sample: Callable[..., Any],
     # 6. both on the pre-trained policy's seeds
     print(f"6/6 evaluate after RaC{'' if plan.from_scratch else ' and the control'}")
     after = stages.run("6 evaluate after RaC", lambda: evaluate(
-        after_policy, "after-rac", out / f"rac-round{plan.rounds}" / "checkpoints" / "last.pt"))
+        after_policy, "after-rac", last_checkpoint(out / f"rac-round{plan.rounds}")))
     control = before if plan.from_scratch else stages.run("6 evaluate control", lambda: evaluate(
-        control_policy, "control", out / "control" / "checkpoints" / "last.pt"))
+        control_policy, "control", last_checkpoint(out / "control")))
     return {"before": before, "control": control, "after": after, "control_is_pretraining": plan.from_scratch,
             "verdict": gain_verdict(before, control, after),
             "rounds": [{"round": row["round"], "collect": row["collect"], "operator_samples": row["operator_samples"]}

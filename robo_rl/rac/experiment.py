@@ -80,6 +80,7 @@ def run_rounds(plan: Rounds, policy: Any, predict: Any, collect: Collect, evalua
     it in). `after_collect(r)` runs after round r's data is in, `on_row(row)` after each round.
     Returns the last policy and one row per round: what was collected, the
     cumulative operator effort, the training, and the evaluation when `evaluate` is given."""
+    from robo_rl.learn import last_checkpoint
     from robo_rl.policies import load_policy, read_checkpoint
     from robo_rl.rac.finetune import finetune
 
@@ -123,7 +124,7 @@ def run_rounds(plan: Rounds, policy: Any, predict: Any, collect: Collect, evalua
         fit = run_stage(plan.stage(1, r), lambda: trained(finetune(
             plan.checkpoint, demo_sources, interventions, plan.composition, plan.learner, run_dir,
             extra=plan.extra(r), resume=resume, from_scratch=plan.from_scratch)[1]))
-        policy = load_policy(read_checkpoint(run_dir / "checkpoints" / "last.pt"), device=plan.device)
+        policy = load_policy(read_checkpoint(last_checkpoint(run_dir)), device=plan.device)
         # a traced predictor holds memory TorchScript never gives back: made only where one is used
         needed = evaluate is not None or r < n_rounds
         predict = predictor(policy) if predictor is not None and needed else None
