@@ -300,7 +300,7 @@ def test_random_crops_only_while_training_and_the_centre_when_evaluating():
 def test_colour_jitter_runs_only_while_training_and_one_draw_covers_a_samples_frames():
     """With color_jitter on, training inputs change colour per sample (the frames of one sample
     alike); evaluation sees exactly the frames it saw without jitter."""
-    from robo_rl.policies.nets.encoders import CameraEncoder, color_jitter
+    from robo_rl.policies.nets.encoders import CameraEncoder, color_jitter, jittered_crops
 
     torch.manual_seed(0)
     plain = CameraEncoder((24, 24), 8, 8, 1.0, kind="conv", conv_channels=(4, 8, 8))
@@ -333,6 +333,14 @@ def test_colour_jitter_runs_only_while_training_and_one_draw_covers_a_samples_fr
     power = torch.log(toned) / torch.log(images)
     torch.testing.assert_close(power, power[:, :1, :1, :1].expand_as(power), rtol=1e-3, atol=1e-3)
     assert 1 / 1.5 - 1e-4 <= power.min() and power.max() <= 1.5 + 1e-4 and power.std() > 0.01
+    # the encoder's folded path (crop and jitter in one product) draws and computes what the steps do one by one
+    frames = torch.randint(0, 256, (6, 20, 20, 3), dtype=torch.uint8)
+    torch.manual_seed(3)
+    steps = color_jitter(random_crop(frames, (16, 16)).float() / 255, 0.4, 0.3, 0.3, 0.05, per=2) * 2 - 1
+    torch.manual_seed(3)
+    folded = jittered_crops(frames, (16, 16), 0.4, 0.3, 0.3, 0.05, per=2)
+    torch.testing.assert_close(folded, steps, rtol=0, atol=1e-5)
+    assert folded.is_contiguous(memory_format=torch.channels_last) and not torch.equal(folded[0], folded[2])
 
 
 # --------------------------------------------------------------------------- training
@@ -419,18 +427,22 @@ def test_a_camera_the_store_lacks_is_named_with_the_cameras_it_has(tmp_path):
 
 
 def test_rac_fine_tunes_a_camera_policy_with_the_recipes_dtype_unless_told():
-    from robo_rl.learn.recipes import cpu_computes_bf16, with_camera_learner
+    from robo_rl.learn.recipes import cpu_compile_pays, cpu_computes_bf16, with_camera_learner
 
     opts = {"steps": 2000, "lr": 1e-4}
     cpu = with_camera_learner(opts, True, "cpu")
-    assert cpu.get("bf16") == ("true" if cpu_computes_bf16() else None) and cpu["compile"] == "auto"
+    assert cpu.get("bf16") == ("true" if cpu_computes_bf16() else None)
+    assert cpu["compile"] == ("auto" if cpu_compile_pays() else "false")
+    # compiled where it was measured to pay (AMX) or not measured (no bf16), not on AVX512-BF16 alone
+    assert cpu_compile_pays({"avx2", "avx512_bf16", "amx_bf16"}) and cpu_compile_pays({"avx2"})
+    assert not cpu_compile_pays({"avx2", "avx512_bf16"})
     assert with_camera_learner({**opts, "bf16": "false"}, True, "cpu")["bf16"] == "false"  # the user's choice stays
     assert with_camera_learner(opts, False, "cpu") == opts  # a state policy: as configured
     assert "compile" not in with_camera_learner(opts, True, "cuda:0")  # the GPU: the learner's own defaults
 
 
 def test_a_camera_train_picks_the_camera_recipe_and_the_command_line_wins(tmp_path, capsys):
-    from robo_rl.learn.recipes import CAMERA_FLOW_RECIPE, CAMERA_RECIPE, cpu_computes_bf16
+    from robo_rl.learn.recipes import CAMERA_FLOW_RECIPE, CAMERA_RECIPE, cpu_compile_pays, cpu_computes_bf16
     from robo_rl.policies import read_checkpoint
 
     smooth_store(tmp_path / "cams", n_episodes=2, images=True, side=96)
@@ -449,7 +461,8 @@ def test_a_camera_train_picks_the_camera_recipe_and_the_command_line_wins(tmp_pa
     assert {k: as_lists[k] for k in recipe} == recipe
     saved = yaml.safe_load((tmp_path / "auto" / "config.yaml").read_text())
     assert str(saved["learner"]["bf16"]).lower() == ("true" if cpu_computes_bf16() else "auto")  # bf16 where the CPU has it
-    assert str(saved["learner"]["compile"]).lower() == "auto"  # compiled when the run is long enough (1 step is not)
+    # compiled when the run is long enough (1 step is not), on a CPU where compiling pays
+    assert str(saved["learner"]["compile"]).lower() == ("auto" if cpu_compile_pays() else "false")
     # the chunking eval and deploy run by default travels in the checkpoint
     assert read_checkpoint(tmp_path / "auto" / "checkpoints" / "last.pt")["chunking"]["mode"] == "ensemble"
     # what the command line sets is kept; the rest of the recipe still fills in

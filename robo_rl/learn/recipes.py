@@ -6,8 +6,8 @@ and has not been seen to succeed on a CPU. The camera recipe below is the best m
 (docs/history.md, "Why camera policies fail in closed loop"): a small CNN with a spatial softmax
 per camera, one frame per window, the MLP backbone, a 64-step chunk whose far actions make the
 loss say where the object is, four flow draws per encoded frame and a chunk regression beside
-the flow loss, bf16 autocast where the CPU computes in bf16, and torch.compile on a CPU for a run
-long enough to earn back its compile time. The user's own overrides always
+the flow loss, bf16 autocast where the CPU computes in bf16, and torch.compile on a CPU where it
+pays, for a run long enough to earn back its compile time. The user's own overrides always
 win: the recipe only fills the keys not given on the command line.
 """
 
@@ -36,14 +36,27 @@ CAMERA_FLOW_RECIPE = {"policy.noise_samples": 4, "policy.aux_chunk_weight": 1.0}
 CAMERA_MIN_FRAME = (96, 96)
 
 
-def cpu_computes_bf16() -> bool:
-    """True on a CPU with bf16 arithmetic (AVX512-BF16 or AMX), where bf16 autocast makes the
-    camera recipe's convolutions and matmuls faster; elsewhere it would make them slower."""
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
     try:
         flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
     except OSError:
-        return False
-    return bool({"avx512_bf16", "amx_bf16"} & set(flags.split()))
+        return set()
+    return set(flags.split()[2:])
+
+
+def cpu_computes_bf16() -> bool:
+    """True on a CPU with bf16 arithmetic (AVX512-BF16 or AMX), where bf16 autocast makes the
+    camera recipe's convolutions and matmuls faster; elsewhere it would make them slower."""
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+
+
+def cpu_compile_pays(flags: set[str] | None = None) -> bool:
+    """Whether torch.compile earns back its ~40 s on the camera recipe's CPU step: 1.14x on a Xeon
+    with AMX, level with eager on an EPYC with AVX512-BF16 and no AMX (docs/results.md). CPUs
+    without bf16 arithmetic keep compiling, as before that measurement. `flags`: this CPU's."""
+    flags = cpu_flags() if flags is None else flags
+    return "amx_bf16" in flags or "avx512_bf16" not in flags
 
 
 def overridden_keys(overrides: Iterable[str]) -> set[str]:
@@ -84,8 +97,8 @@ def camera_learner(device: str) -> dict[str, Any]:
     chosen: dict[str, Any] = {}
     if device == "cpu" and cpu_computes_bf16():
         chosen["bf16"] = "true"
-    if device == "cpu":  # torch.compile for runs long enough to pay for it (learner.compile_wanted)
-        chosen["compile"] = "auto"
+    if device == "cpu":  # torch.compile for runs long enough to pay for it (learner.compile_wanted), where it pays
+        chosen["compile"] = "auto" if cpu_compile_pays() else "false"
     return chosen
 
 

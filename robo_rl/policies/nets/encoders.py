@@ -118,13 +118,17 @@ def random_crop(frames: torch.Tensor, crop: tuple[int, int], generator: torch.Ge
     tensor laid out channels-last. Every crop is a window view of its frame (unfold), so picking
     N windows is one copy of the cropped bytes: cropping float images with a gather per axis cost a
     camera step 4x more (bench/policy.py, cameras)."""
+    return planar_crops(frames, crop, generator).contiguous(memory_format=torch.channels_last)
+
+
+def planar_crops(frames: torch.Tensor, crop: tuple[int, int], generator: torch.Generator | None = None) -> torch.Tensor:
+    """random_crop's windows (the same draws) as a planar N C h w uint8 tensor."""
     n, h, w, _ = frames.shape
     ch, cw = crop
     top = torch.randint(0, h - ch + 1, (n,), device=frames.device, generator=generator)
     left = torch.randint(0, w - cw + 1, (n,), device=frames.device, generator=generator)
     windows = frames.unfold(1, ch, 1).unfold(2, cw, 1)  # N, h-ch+1, w-cw+1, C, ch, cw: views, no copy
-    picked = windows[torch.arange(n, device=frames.device), top, left]  # N C ch cw
-    return picked.contiguous(memory_format=torch.channels_last)
+    return windows[torch.arange(n, device=frames.device), top, left]  # N C ch cw, one copy
 
 
 def center_crop(frames: torch.Tensor, crop: tuple[int, int]) -> torch.Tensor:
@@ -144,10 +148,27 @@ def color_jitter(images: torch.Tensor, brightness: float, contrast: float, satur
     saturation factors are drawn uniformly in [1 - x, 1 + x]; the hue turns by up to `hue` of the
     colour circle about the grey axis; contrast blends each image with its mean grey. All four are
     affine in the pixel, so each image gets one 3x3 matrix and one offset, applied in one pass
-    (a batched matrix product over the pixels cost 4x more), then clipped to [0, 1] as a camera's
-    pixels are. `gamma` (0: none) then raises each pixel to a power drawn log-uniformly in
+    (on channels-last images a batched matrix product over the pixels cost 4x more; on planar crops
+    it is the faster, see jittered_crops), then clipped to [0, 1] as a camera's pixels are. `gamma` (0: none) then raises each pixel to a power drawn log-uniformly in
     [1 / (1 + gamma), 1 + gamma]: a tone curve, which moves the dark pixels more than the light ones."""
-    n, dev = images.shape[0] // per, images.device
+    matrix, keep = jitter_matrices(images.shape[0], per, images.device, brightness, contrast, saturation, hue)
+    # contrast: keep * (M p) + (1 - keep) * mean grey of M p, and that mean is luma . M . (mean p)
+    luma = torch.tensor(LUMA, device=images.device)
+    mean_grey = (matrix @ images.mean((2, 3))[:, :, None]).squeeze(-1) @ luma  # N
+    offset = ((1 - keep.view(-1)) * mean_grey)[:, None, None, None]
+    out = torch.einsum("nij,njhw->nihw", keep * matrix, images).add_(offset).clamp_(0, 1)
+    if gamma:
+        n = images.shape[0] // per
+        power = torch.exp((torch.rand(n, device=images.device) * 2 - 1) * math.log1p(gamma)).repeat_interleave(per, 0)
+        out = out.pow_(power[:, None, None, None])
+    return out.contiguous(memory_format=torch.channels_last)
+
+
+def jitter_matrices(count: int, per: int, dev: torch.device, brightness: float, contrast: float, saturation: float,
+                    hue: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """color_jitter's draws for `count` images, one per group of `per`: each image's colour matrix
+    (saturation, hue turn, brightness; N 3 3) and its contrast factor (N 1 1)."""
+    n = count // per
     eye = torch.eye(3, device=dev)
 
     def factor(strength: float) -> torch.Tensor:
@@ -165,14 +186,25 @@ def color_jitter(images: torch.Tensor, brightness: float, contrast: float, satur
         matrix = turn @ matrix
     matrix = (factor(brightness) * matrix).repeat_interleave(per, 0)
     keep = factor(contrast).repeat_interleave(per, 0) if contrast else torch.ones_like(matrix[:, :1, :1])
-    # contrast: keep * (M p) + (1 - keep) * mean grey of M p, and that mean is luma . M . (mean p)
-    mean_grey = (matrix @ images.mean((2, 3))[:, :, None]).squeeze(-1) @ luma  # N
-    offset = ((1 - keep.view(-1)) * mean_grey)[:, None, None, None]
-    out = torch.einsum("nij,njhw->nihw", keep * matrix, images).add_(offset).clamp_(0, 1)
-    if gamma:
-        power = torch.exp((torch.rand(n, device=dev) * 2 - 1) * math.log1p(gamma)).repeat_interleave(per, 0)
-        out = out.pow_(power[:, None, None, None])
-    return out.contiguous(memory_format=torch.channels_last)
+    return matrix, keep
+
+
+def jittered_crops(frames: torch.Tensor, crop: tuple[int, int], brightness: float, contrast: float,
+                   saturation: float, hue: float, per: int = 1) -> torch.Tensor:
+    """random_crop, then color_jitter without gamma, as the encoder's input in [-1, 1]: the same
+    draws and values, with the scale to [0, 1] and back folded into each crop's matrix and offset,
+    so the pixels pass through one batched 3x3 product on planar crops (1.3x faster on one CPU
+    thread than crop, scale, jitter and rescale one after the other)."""
+    pixels = planar_crops(frames, crop)
+    n, c, h, w = pixels.shape
+    matrix, keep = jitter_matrices(n, per, frames.device, brightness, contrast, saturation, hue)
+    x = pixels.reshape(n, c, h * w).float()  # 0..255
+    luma = torch.tensor(LUMA, device=frames.device)
+    mean_grey = (matrix @ x.mean(2)[:, :, None]).squeeze(-1) @ luma  # N, in 0..255
+    # 2 * (keep M x / 255 + (1 - keep) mean grey / 255) - 1, clipped where [0, 1] was
+    offset = (2 / 255) * (1 - keep.view(-1)) * mean_grey - 1
+    out = torch.baddbmm(offset[:, None, None], keep * matrix * (2 / 255), x).clamp_(-1, 1)
+    return out.view(n, c, h, w).contiguous(memory_format=torch.channels_last)
 
 
 class CameraEncoder(nn.Module):
@@ -194,9 +226,13 @@ class CameraEncoder(nn.Module):
         if not self.training:
             x = center_crop(frames, self.crop).float().div_(127.5).sub_(1.0)  # keeps the channels-last layout
         elif any(self.jitter):
+            per = int(math.prod(lead[1:])) if len(lead) > 1 else 1  # a sample's frames share one draw
             with torch.autocast(frames.device.type, enabled=False):  # pixels stay fp32 into the first conv, as without jitter
-                x = color_jitter(random_crop(frames, self.crop).float().div_(255.0), *self.jitter,
-                                 per=int(math.prod(lead[1:])) if len(lead) > 1 else 1).mul(2.0).sub_(1.0)
+                if len(self.jitter) < 5 or not self.jitter[4]:
+                    x = jittered_crops(frames, self.crop, *self.jitter[:4], per=per)
+                else:  # a gamma curve needs the pixels in [0, 1]
+                    x = color_jitter(random_crop(frames, self.crop).float().div_(255.0), *self.jitter,
+                                     per=per).mul(2.0).sub_(1.0)
         else:
             x = random_crop(frames, self.crop).float().div_(127.5).sub_(1.0)
         return self.net(x).reshape(*lead, -1)
