@@ -149,8 +149,9 @@ def color_jitter(images: torch.Tensor, brightness: float, contrast: float, satur
     colour circle about the grey axis; contrast blends each image with its mean grey. All four are
     affine in the pixel, so each image gets one 3x3 matrix and one offset, applied in one pass
     (on channels-last images a batched matrix product over the pixels cost 4x more; on planar crops
-    it is the faster, see jittered_crops), then clipped to [0, 1] as a camera's pixels are. `gamma` (0: none) then raises each pixel to a power drawn log-uniformly in
-    [1 / (1 + gamma), 1 + gamma]: a tone curve, which moves the dark pixels more than the light ones."""
+    it is the faster, see jittered_crops), then clipped to [0, 1] as a camera's pixels are.
+    `gamma` (0: none) then raises each pixel to a power drawn log-uniformly in [1 / (1 + gamma),
+    1 + gamma]: a tone curve, which moves the dark pixels more than the light ones."""
     matrix, keep = jitter_matrices(images.shape[0], per, images.device, brightness, contrast, saturation, hue)
     # contrast: keep * (M p) + (1 - keep) * mean grey of M p, and that mean is luma . M . (mean p)
     luma = torch.tensor(LUMA, device=images.device)
