@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from robo_rl.learn.recipes import cpu_flags  # noqa: F401  (the bench scripts import it from here)
+
 
 def make_console(width: int = 150):
     from rich.console import Console
@@ -22,16 +24,6 @@ def table(title: str, columns: list[str]):
     for i, c in enumerate(columns):
         t.add_column(c, justify="left" if i == 0 else "right")
     return t
-
-
-def cpu_flags() -> set[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
 
 
 def cpu_kind() -> str:

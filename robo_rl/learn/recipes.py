@@ -42,7 +42,7 @@ def cpu_flags() -> set[str]:
         flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
     except OSError:
         return set()
-    return set(flags.split()[2:])
+    return set(flags.partition(":")[2].split())
 
 
 def cpu_computes_bf16() -> bool:
