@@ -30,7 +30,11 @@ Variants (pick with --variants):
     all_recovery_fresh  all_recovery retrained from fresh weights with the pre-training's steps and lr
 
     python bench/rac_composition.py --checkpoint CKPT --round-data OUT/rac/data/round1 [--variants control,rac,all_recovery]
-        [--episodes 50] [--steps 2000] [--threads 0] [--out data/bench/rac_composition]
+        [--episodes 50] [--steps 2000] [--seed 0] [--threads 0] [--out data/bench/rac_composition]
+
+--round-data takes several stores, comma-separated (OUT/rac/data/round1,OUT/rac/data/round2): every
+round so far, as `robo-rl rac` trains its later rounds. --seed is the fine-tune's training seed
+(the evaluation's seeds stay 100000+): two seeds on the same data say how far one fine-tune spreads.
 
 --report trains nothing: it prints where each variant puts the round's weight, by takeover reason
 and how the intervention ended (a round whose corrections the time limit cut holds little that
@@ -88,10 +92,12 @@ VARIANTS = {  # name -> (composition overrides, retrain from fresh weights, uses
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", required=True)
-    ap.add_argument("--round-data", required=True, help="the round's intervention store (robo-rl rac: OUT/rac/data/round1)")
+    ap.add_argument("--round-data", required=True,
+                    help="the round's intervention store (robo-rl rac: OUT/rac/data/round1), or several, comma-separated")
     ap.add_argument("--variants", default="control,rac,all_recovery")
     ap.add_argument("--episodes", type=int, default=50)
     ap.add_argument("--steps", type=int, default=2000, help="fine-tune steps (retrain: the checkpoint's own)")
+    ap.add_argument("--seed", type=int, default=0, help="the fine-tune's training seed (robo-rl rac: finetune.seed)")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--out", default="data/bench/rac_composition")
     ap.add_argument("--report", action="store_true", help="print where the round's weight goes; train nothing")
@@ -101,10 +107,13 @@ def main() -> int:
     unknown = [v for v in names if v not in VARIANTS]
     if unknown:
         sys.exit(f"rac_composition: unknown variants {unknown}; choose from {list(VARIANTS)}")
+    round_data = [Path(p) for p in args.round_data.split(",") if p]
+    if args.report and len(round_data) != 1:
+        sys.exit(f"rac_composition: --report reads one round's store at a time; got {len(round_data)}")
     ckpt = read_checkpoint(args.checkpoint)
     demos = [(ckpt["dataset"], ckpt.get("n_episodes"))]
     if args.report:
-        return report(console, demos[0], Path(args.round_data), names)
+        return report(console, demos[0], round_data[0], names)
     chunking = dict(ckpt.get("chunking") or {})
     pre = (ckpt.get("config") or {}).get("learner") or {}
     out = Path(args.out)
@@ -112,11 +121,9 @@ def main() -> int:
     rows = []
     for name in names:
         overrides, retrain, data = VARIANTS[name]
-        stores: list[Path] = []
-        if data:
-            stores = [Path(args.round_data)]
+        stores = round_data if data else []
         learner = LearnerConfig(steps=args.steps, batch_size=128, lr=1e-4, warmup_steps=100, weighted_sampling=True,
-                                loss_weights=False, checkpoint_every=100_000, threads=args.threads, device="cpu", seed=0)
+                                loss_weights=False, checkpoint_every=100_000, threads=args.threads, device="cpu", seed=args.seed)
         learner = replace(learner, **camera_learner("cpu"))  # bf16 where the CPU computes it, compile: as rac does
         if retrain:  # the pre-training's recipe: its steps, peak lr and warm-up
             learner = replace(learner, steps=int(ckpt.get("step") or pre.get("steps") or 4000),
@@ -138,7 +145,8 @@ def main() -> int:
         (out / "rows.json").write_text(json.dumps(rows, indent=1))
         console.print(f"{name}: {row['success']:.0%} [{row['low']:.0%}, {row['high']:.0%}] {ev['stage_reach']}")
     stages = list(rows[0]["stage_reach"]) if rows else []
-    t = table(f"RaC round composition, {ckpt['task']}, {args.episodes} episodes (seeds 100000+), {cpu_kind()}",
+    t = table(f"RaC round composition, {ckpt['task']}, {len(round_data)} round(s), training seed {args.seed}, "
+              f"{args.episodes} episodes (seeds 100000+), {cpu_kind()}",
               ["variant", "success [95%]", *stages, "train steps", "train min", "eval min"])
     for r in rows:
         t.add_row(*[r["variant"], f"{r['success']:.0%} [{r['low']:.0%}, {r['high']:.0%}]",
